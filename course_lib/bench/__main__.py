@@ -1,0 +1,17 @@
+"""``python -m course_lib.bench <benchmark> [options]``."""
+import importlib
+import sys
+
+BENCHMARKS = {"decode": "course_lib.bench.decode"}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
+        print(f"usage: python -m course_lib.bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+        return 2
+    importlib.import_module(BENCHMARKS[sys.argv[1]]).main(sys.argv[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The engine: load a checkpoint, accept requests, and run ``step()`` = schedule -> run -> postprocess.
+
+The public surface follows SGLang's offline Engine (``generate`` returns ``text``,
+``output_ids`` and ``meta_info``) plus a step-level API (``add_request``, ``step``,
+``has_unfinished_requests``) so that callers can pause and update between steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from course_lib.config import ConfigError, EngineConfig
+from course_lib.engine.block_manager import BlockManager
+from course_lib.engine.model_runner import ModelRunner
+from course_lib.engine.scheduler import Scheduler
+from course_lib.engine.sequence import SamplingParams, Sequence
+from course_lib.models.qwen3 import Qwen3ForCausalLM
+from course_lib.tokenizer import ByteTokenizer
+from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def resolve_dtype(dtype, device: str, checkpoint_dtype: torch.dtype) -> torch.dtype:
+    """None: float32 on CPU (exact, and what the CPU tests compare); on GPU the checkpoint's
+    half-precision dtype, or bfloat16 for a float32 checkpoint (as vLLM's 'auto')."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if dtype is None:
+        if torch.device(device).type == "cpu":
+            return torch.float32
+        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ConfigError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1):
+    """Build the model on ``device`` and load every checkpoint tensor through its loaders."""
+    config = reader.config
+    with default_dtype(dtype), torch.device(device):
+        model = Qwen3ForCausalLM(config, tp_rank, tp_size)
+    expected = set(hf_tensor_shapes(config))
+    present = set(reader.metadata())
+    missing = sorted(expected - present)
+    if missing:
+        raise CheckpointError(f"{reader.path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    try:
+        model.load_weights(reader.iter_tensors(device=device))
+    except (KeyError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{reader.path}: {exc.args[0] if exc.args else exc}") from exc
+    return model.eval()
+
+
+class Engine:
+    """A hot-updatable inference engine for Qwen3-style checkpoints."""
+
+    def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
+                 max_num_seqs: int = 16, max_model_len: int | None = None, block_size: int = 16,
+                 num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
+                 enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None):
+        t0 = time.perf_counter()
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' but torch sees no GPU")
+        self.model_path = str(model_path)
+        reader = CheckpointReader(model_path)
+        self.model_config = reader.config
+        if enable_cuda_graph is None:
+            enable_cuda_graph = torch.device(device).type == "cuda"
+        if enable_cuda_graph and torch.device(device).type != "cuda":
+            raise ConfigError("enable_cuda_graph=True needs device='cuda'")
+        max_model_len = min(max_model_len or 1024, self.model_config.max_position_embeddings)
+        self.config = EngineConfig(
+            device=device, dtype=resolve_dtype(dtype, device, self.model_config.dtype), block_size=block_size,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens or max(4096, max_model_len),
+            enable_prefix_caching=enable_prefix_caching, enable_cuda_graph=enable_cuda_graph,
+            cuda_graph_batch_sizes=list(cuda_graph_batch_sizes or []))
+        self.timings: dict[str, float] = {}
+        t1 = time.perf_counter()
+        self.model = load_model(reader, device, self.config.dtype)
+        self.timings["load_weights_s"] = time.perf_counter() - t1
+        if num_kv_blocks is None:  # room for every slot's sequence at full length
+            num_kv_blocks = max_num_seqs * -(-max_model_len // block_size)
+        t1 = time.perf_counter()
+        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.model_runner = ModelRunner(self.model, self.model_config, self.config, num_kv_blocks)
+        self.timings["kv_and_graphs_s"] = time.perf_counter() - t1
+        self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_id)
+        self.tokenizer = ByteTokenizer.from_config(self.model_config)
+        self.seed = seed
+        self.weight_version = "default"
+        self.requests: dict[str, Sequence] = {}  # unfinished requests by id
+        self.num_requests = 0
+        self.num_steps = 0
+        self.timings["startup_s"] = time.perf_counter() - t0
+
+    # ---- requests ----------------------------------------------------------------------
+    def add_request(self, prompt: str | None = None, sampling_params=None, input_ids=None,
+                    rid: str | None = None) -> str:
+        """Queue one request; returns its id. Raises ValueError for a prompt that cannot fit."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt or input_ids")
+        ids = self.tokenizer.encode(prompt) if prompt is not None else [int(t) for t in input_ids]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+        params = SamplingParams.coerce(sampling_params)
+        limit = self.config.max_model_len
+        if len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens; the context holds {limit} "
+                             f"(max_model_len), leaving no room to generate")
+        blocks_needed = -(-min(len(ids) + params.max_new_tokens, limit) // self.config.block_size)
+        if blocks_needed > self.block_manager.num_free_blocks + len(self.block_manager.used_block_ids):
+            raise ValueError(f"request needs {blocks_needed} KV blocks; the pool has {len(self.block_manager.blocks)}")
+        if rid is not None and rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        # Unseeded sampling is still reproducible: the n-th request of an engine draws from seed + n.
+        seq = Sequence(ids, params, self.config.block_size, rid, default_seed=self.seed + self.num_requests)
+        self.num_requests += 1
+        self.requests[seq.rid] = seq
+        self.scheduler.add(seq)
+        return seq.rid
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[dict]:
+        """One engine step; returns the outputs of requests that finished in it."""
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return []
+        token_ids = self.model_runner.run(seqs, is_prefill)
+        finished = self.scheduler.postprocess(seqs, token_ids, self.weight_version)
+        self.num_steps += 1
+        return [self._output(seq) for seq in finished]
+
+    def _output(self, seq: Sequence) -> dict:
+        self.requests.pop(seq.rid, None)
+        return {
+            "rid": seq.rid,
+            "text": self.tokenizer.decode(seq.completion_token_ids),
+            "output_ids": seq.completion_token_ids,
+            "meta_info": {
+                "id": seq.rid,
+                "prompt_tokens": seq.num_prompt_tokens,
+                "completion_tokens": seq.num_completion_tokens,
+                "cached_tokens": seq.prefix_hit_tokens,
+                "finish_reason": seq.finish_reason,
+                "weight_version": seq.token_versions[-1] if seq.token_versions else self.weight_version,
+                "weight_versions": seq.version_spans(),
+                "e2e_latency": time.perf_counter() - seq.arrival_time,
+            },
+        }
+
+    def generate(self, prompts=None, sampling_params=None, input_ids=None) -> list[dict]:
+        """Generate for a prompt or a list of prompts (or token-id lists); outputs in input order."""
+        if (prompts is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompts or input_ids")
+        if prompts is not None:
+            items = [prompts] if isinstance(prompts, str) else list(prompts)
+            key = "prompt"
+        else:
+            items = [input_ids] if input_ids and isinstance(input_ids[0], int) else list(input_ids)
+            key = "input_ids"
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(items)
+        if len(params) != len(items):
+            raise ValueError(f"{len(params)} sampling_params for {len(items)} prompts")
+        params = [SamplingParams.coerce(p) for p in params]  # validate all before queueing any
+        rids = [self.add_request(**{key: item}, sampling_params=p) for item, p in zip(items, params)]
+        done: dict[str, dict] = {}
+        while len(done) < len(rids):
+            if not self.has_unfinished_requests():
+                raise RuntimeError("requests vanished before finishing")  # a bug, never expected
+            for out in self.step():
+                done[out["rid"]] = out
+        return [done[r] for r in rids]
+
+    # ---- introspection -----------------------------------------------------------------
+    @property
+    def prefix_cache_stats(self) -> dict:
+        bm = self.block_manager
+        return {"hit_tokens": bm.hit_tokens, "queried_tokens": bm.queried_tokens,
+                "cached_blocks": len(bm.hash_to_block_id)}

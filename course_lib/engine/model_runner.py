@@ -1,0 +1,162 @@
+"""Runs the model on a scheduled batch: builds the inputs, owns the KV pool, and on GPU
+replays CUDA graphs captured for decode batch buckets (1, 2, 4, 8, 16, ...).
+
+A captured graph reads the *addresses* its kernels saw at capture: the weights, the KV
+pool and the static input buffers below. Replay only refills the input buffers. That is
+why every hot update must copy new weights into the existing tensors.
+"""
+from __future__ import annotations
+
+import torch
+
+from course_lib.config import EngineConfig, ModelConfig
+from course_lib.engine.sequence import Sequence
+from course_lib.layers.attention import Attention, AttentionMetadata
+from course_lib.layers.sampler import sample_batch
+
+
+def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_num_seqs]
+
+
+class ModelRunner:
+    def __init__(self, model, model_config: ModelConfig, config: EngineConfig, num_kv_blocks: int):
+        self.model, self.config = model, config
+        self.device = torch.device(config.device)
+        self.block_size = config.block_size
+        self.num_kv_blocks = num_kv_blocks
+        self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
+        # Padded batch slots write their K/V into one extra block that no sequence owns.
+        self.scratch_block = num_kv_blocks
+        self.attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+        a = self.attn_layers[0]
+        self.kv_cache = torch.zeros(len(self.attn_layers), 2, num_kv_blocks + 1, config.block_size,
+                                    a.num_kv_heads, a.head_dim, dtype=config.dtype, device=self.device)
+        for i, layer in enumerate(self.attn_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_batch_sizes: list[int] = []
+        self.graph_for: dict[int, int] = {}
+        if config.enable_cuda_graph:
+            self.capture_cudagraphs()
+
+    # ---- batch preparation -------------------------------------------------------------
+    def _tensor(self, data, dtype=torch.int64):
+        return torch.tensor(data, dtype=dtype, device=self.device)
+
+    def _slot(self, seq: Sequence, pos: int) -> int:
+        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _block_tables(self, seqs, width: int, rows: int):
+        table = [[self.scratch_block] * width for _ in range(rows)]
+        for i, seq in enumerate(seqs):
+            table[i][:len(seq.block_table)] = seq.block_table
+        return table
+
+    def prepare_prefill(self, seqs: list[Sequence]):
+        input_ids, positions, slots, query_lens, ctx_lens = [], [], [], [], []
+        for seq in seqs:
+            start = seq.num_cached_tokens
+            input_ids += seq.token_ids[start:]
+            positions += range(start, seq.num_tokens)
+            slots += [self._slot(seq, p) for p in range(start, seq.num_tokens)]
+            query_lens.append(seq.num_tokens - start)
+            ctx_lens.append(seq.num_tokens)
+        width = max(len(s.block_table) for s in seqs)
+        meta = AttentionMetadata(True, self._tensor(slots), self._tensor(ctx_lens),
+                                 self._tensor(self._block_tables(seqs, width, len(seqs))),
+                                 query_lens, ctx_lens)
+        return self._tensor(input_ids), self._tensor(positions), meta
+
+    def decode_shape(self, batch: int) -> tuple[int, int]:
+        """(rows, block-table width) a decode batch is padded to. On GPU eager decode pads
+        exactly as the graphs do, so eager and graph runs use the same kernels (bitwise)."""
+        if self.device.type == "cuda":
+            rows = next((b for b in self.graph_batch_sizes or default_graph_batch_sizes(self.config.max_num_seqs)
+                         if b >= batch), batch)
+            return rows, self.max_blocks_per_seq
+        return batch, 0
+
+    def prepare_decode(self, seqs: list[Sequence]):
+        rows, width = self.decode_shape(len(seqs))
+        width = max(width, max(len(s.block_table) for s in seqs))
+        pad = rows - len(seqs)
+        input_ids = [s.token_ids[-1] for s in seqs] + [0] * pad
+        positions = [s.num_tokens - 1 for s in seqs] + [0] * pad
+        slots = [self._slot(s, s.num_tokens - 1) for s in seqs] + [self.scratch_block * self.block_size] * pad
+        ctx = [s.num_tokens for s in seqs] + [1] * pad
+        meta = AttentionMetadata(False, self._tensor(slots), self._tensor(ctx),
+                                 self._tensor(self._block_tables(seqs, width, rows)))
+        return self._tensor(input_ids), self._tensor(positions), meta
+
+    # ---- running -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward_logits(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
+        """Logits [len(seqs), vocab] at each sequence's last token."""
+        if is_prefill:
+            input_ids, positions, meta = self.prepare_prefill(seqs)
+            hidden = self.model(input_ids, positions, meta)
+            last = torch.tensor(meta.query_lens, device=self.device).cumsum(0) - 1
+            return self.model.compute_logits(hidden[last])
+        input_ids, positions, meta = self.prepare_decode(seqs)
+        if len(seqs) in self.graph_for:
+            return self._replay(len(seqs), input_ids, positions, meta)
+        return self.model.compute_logits(self.model(input_ids, positions, meta))[: len(seqs)]
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        return sample_batch(self.forward_logits(seqs, is_prefill), seqs)
+
+    @torch.inference_mode()
+    def prefill_all_logits(self, seq: Sequence) -> torch.Tensor:
+        """Logits at every position of a sequence whose blocks are allocated (no cache hits)."""
+        input_ids, positions, meta = self.prepare_prefill([seq])
+        return self.model.compute_logits(self.model(input_ids, positions, meta))
+
+    # ---- CUDA graphs -------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture_cudagraphs(self) -> None:
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need device='cuda'")
+        sizes = sorted(set(self.config.cuda_graph_batch_sizes or default_graph_batch_sizes(self.config.max_num_seqs)))
+        rows, width = max(sizes), self.max_blocks_per_seq
+        self.static = {
+            "input_ids": torch.zeros(rows, dtype=torch.int64, device=self.device),
+            "positions": torch.zeros(rows, dtype=torch.int64, device=self.device),
+            "slot_mapping": torch.full((rows,), self.scratch_block * self.block_size, dtype=torch.int64, device=self.device),
+            "context_lens": torch.ones(rows, dtype=torch.int64, device=self.device),
+            "block_tables": torch.full((rows, width), self.scratch_block, dtype=torch.int64, device=self.device),
+        }
+        self.graph_outputs: dict[int, torch.Tensor] = {}
+        pool = None
+        for bs in reversed(sizes):
+            s = self.static
+            meta = AttentionMetadata(False, s["slot_mapping"][:bs], s["context_lens"][:bs], s["block_tables"][:bs])
+            args = (s["input_ids"][:bs], s["positions"][:bs], meta)
+            self.model.compute_logits(self.model(*args))  # warm-up: allocations, kernel selection
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool):
+                self.graph_outputs[bs] = self.model.compute_logits(self.model(*args))
+            pool = graph.pool() if pool is None else pool
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+        self.graph_batch_sizes = sizes
+        # batch size -> the captured bucket that serves it
+        self.graph_for = {b: next(s for s in sizes if s >= b) for b in range(1, max(sizes) + 1)}
+
+    def _replay(self, batch: int, input_ids, positions, meta) -> torch.Tensor:
+        bs = self.graph_for[batch]
+        s = self.static
+        rows, width = meta.block_tables.shape
+        assert rows == bs and width == s["block_tables"].shape[1], "decode inputs not padded to the graph's shape"
+        s["input_ids"][:bs].copy_(input_ids)
+        s["positions"][:bs].copy_(positions)
+        s["slot_mapping"][:bs].copy_(meta.slot_mapping)
+        s["context_lens"][:bs].copy_(meta.context_lens)
+        s["block_tables"][:bs].copy_(meta.block_tables)
+        self.graphs[bs].replay()
+        return self.graph_outputs[bs][:batch]

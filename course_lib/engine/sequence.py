@@ -1,0 +1,111 @@
+"""A request as the engine sees it: its tokens, its KV blocks, and which weights made each token."""
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass
+from enum import Enum, auto
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """SGLang's sampling keys. temperature 0 is greedy; ``seed`` makes sampling reproducible."""
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @classmethod
+    def coerce(cls, params) -> "SamplingParams":
+        """Accept a SamplingParams, a dict of SGLang keys, or None (defaults)."""
+        if params is None:
+            return cls()
+        if isinstance(params, cls):
+            return params
+        if isinstance(params, dict):
+            unknown = set(params) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"unknown sampling_params keys: {sorted(unknown)}")
+            return cls(**params)
+        raise TypeError(f"sampling_params must be a dict or SamplingParams, got {type(params).__name__}")
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    _ids = itertools.count()
+
+    def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
+                 rid: str | None = None, default_seed: int = 0):
+        self.seq_id = next(Sequence._ids)
+        self.rid = rid or uuid.uuid4().hex
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.params = params
+        self.block_size = block_size
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_cached_tokens = 0      # tokens whose KV was found in the prefix cache
+        self.prefix_hit_tokens = 0      # the same, as seen at this request's first prefill
+        self.token_versions: list[str] = []  # weight version that produced each output token
+        self.finish_reason: dict | None = None
+        self.arrival_time = time.perf_counter()
+        self.generator = None
+        if params.temperature > 1e-5:
+            self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else default_seed)
+
+    def __len__(self):
+        return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_blocks(self) -> int:
+        return (self.num_tokens + self.block_size - 1) // self.block_size
+
+    def block(self, i: int) -> list[int]:
+        return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
+
+    def append_token(self, token_id: int, version: str) -> None:
+        self.token_ids.append(token_id)
+        self.token_versions.append(version)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def version_spans(self) -> list[dict]:
+        """Runs of equal weight version over output_ids: [{"version", "start", "end"}]."""
+        spans: list[dict] = []
+        for i, v in enumerate(self.token_versions):
+            if spans and spans[-1]["version"] == v:
+                spans[-1]["end"] = i + 1
+            else:
+                spans.append({"version": v, "start": i, "end": i + 1})
+        return spans

@@ -1,0 +1,122 @@
+"""Linear layers whose parameters know how to load checkpoint tensors into themselves.
+
+Each parameter gets ``weight_loader(param, loaded, shard_id=None)``: it checks the
+checkpoint tensor's shape, selects this tensor-parallel rank's slice, and copies it *in
+place* into the right rows of the (possibly fused) parameter. The in-place copy is the
+point: the load path at start-up is also the hot-update path, and it never moves a
+tensor that a captured CUDA graph reads.
+
+Layouts for ``tp_size`` ranks (rank ``r``):
+- ColumnParallelLinear: output rows split; rank r holds rows [r*out/tp, (r+1)*out/tp).
+- RowParallelLinear: input columns split; outputs are summed across ranks (all-reduce).
+- MergedColumnParallelLinear: gate and up stacked; each is column-split, then stacked.
+- QKVParallelLinear: q, k, v heads stacked; heads are split across ranks.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def check_shape(param_name: str, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(f"{param_name}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                         f"expected {tuple(expected)}")
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    """Replicated parameter: same shape in the checkpoint and in the engine."""
+    check_shape(getattr(param, "param_name", "parameter"), loaded, param.shape)
+    param.data.copy_(loaded)
+
+
+def _divide(n: int, tp_size: int, what: str) -> int:
+    if n % tp_size:
+        raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")
+    return n // tp_size
+
+
+class LinearBase(nn.Module):
+    """A bias-free linear layer with a weight of shape [out_per_rank, in_per_rank]."""
+
+    def __init__(self, in_features: int, out_features: int, tp_rank: int = 0, tp_size: int = 1,
+                 tp_dim: int | None = None):
+        super().__init__()
+        self.tp_rank, self.tp_size, self.tp_dim = tp_rank, tp_size, tp_dim
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
+        size = loaded.shape[dim] // self.tp_size
+        return loaded.narrow(dim, self.tp_rank * size, size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class ReplicatedLinear(LinearBase):
+    def weight_loader(self, param, loaded, shard_id=None):
+        default_weight_loader(param, loaded)
+
+
+class ColumnParallelLinear(LinearBase):
+    def __init__(self, in_features, out_features, tp_rank=0, tp_size=1):
+        super().__init__(in_features, _divide(out_features, tp_size, "output size"), tp_rank, tp_size, 0)
+        self.full_out = out_features
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        check_shape(param.param_name, loaded, (self.full_out, self.in_features))
+        param.data.copy_(self._shard(loaded, 0))
+
+
+class RowParallelLinear(LinearBase):
+    def __init__(self, in_features, out_features, tp_rank=0, tp_size=1):
+        super().__init__(_divide(in_features, tp_size, "input size"), out_features, tp_rank, tp_size, 1)
+        self.full_in = in_features
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        check_shape(param.param_name, loaded, (self.out_features, self.full_in))
+        param.data.copy_(self._shard(loaded, 1))
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)
+        if self.tp_size > 1:
+            dist.all_reduce(y)
+        return y
+
+
+class MergedColumnParallelLinear(LinearBase):
+    """Several column-parallel outputs stacked into one weight (gate_proj and up_proj)."""
+
+    def __init__(self, in_features, output_sizes: list[int], tp_rank=0, tp_size=1):
+        self.output_sizes = list(output_sizes)
+        for n in output_sizes:
+            _divide(n, tp_size, "output size")
+        super().__init__(in_features, sum(output_sizes) // tp_size, tp_rank, tp_size, 0)
+
+    def weight_loader(self, param, loaded, shard_id: int):
+        check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.output_sizes[shard_id], self.in_features))
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        param.data.narrow(0, offset, size).copy_(self._shard(loaded, 0))
+
+
+class QKVParallelLinear(LinearBase):
+    """q, k and v projections stacked into one weight; heads split across ranks."""
+
+    def __init__(self, hidden_size, head_dim, num_heads, num_kv_heads, tp_rank=0, tp_size=1):
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, tp_size, "num_attention_heads")
+        self.num_kv_heads = _divide(num_kv_heads, tp_size, "num_key_value_heads")
+        self.full_sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
+        q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        self.offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+        super().__init__(hidden_size, q + 2 * kv, tp_rank, tp_size, 0)
+
+    def weight_loader(self, param, loaded, shard_id: str):
+        check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.full_sizes[shard_id], self.in_features))
+        offset, size = self.offsets[shard_id]
+        param.data.narrow(0, offset, size).copy_(self._shard(loaded, 0))

@@ -1,0 +1,37 @@
+"""Oracles that tests, chapters and the judge's hidden tests share.
+
+``prompt_logits`` reads logits at every prompt position through the engine's own prefill
+path (paged KV and all), so it can be compared with transformers or with another engine.
+"""
+from __future__ import annotations
+
+import torch
+
+from course_lib.engine.sequence import SamplingParams, Sequence
+
+
+def prompt_logits(engine, input_ids: list[int]) -> torch.Tensor:
+    """Logits [len(input_ids), vocab_size] (float32, CPU) computed by ``engine``'s prefill.
+
+    Uses fresh KV blocks and no prefix-cache hits, so it reflects the current weights
+    only; it does not disturb requests in flight.
+    """
+    ids = [int(t) for t in input_ids]
+    if not ids:
+        raise ValueError("input_ids is empty")
+    if len(ids) > engine.config.max_model_len:
+        raise ValueError(f"{len(ids)} tokens exceed max_model_len={engine.config.max_model_len}")
+    seq = Sequence(ids, SamplingParams(temperature=0), engine.config.block_size)
+    bm = engine.block_manager
+    if not bm.can_allocate(seq):
+        raise RuntimeError(f"not enough free KV blocks for {len(ids)} tokens")
+    bm.allocate(seq, use_cache=False)
+    try:
+        return engine.model_runner.prefill_all_logits(seq).float().cpu()
+    finally:
+        bm.deallocate(seq)
+
+
+def greedy_tokens(engine, prompts: list[str], max_new_tokens: int = 8) -> list[list[int]]:
+    out = engine.generate(prompts, {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True})
+    return [o["output_ids"] for o in out]

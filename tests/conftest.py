@@ -1,0 +1,36 @@
+"""Shared fixtures: small random checkpoints made from a seed (never downloaded)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.weights.checkpoint import make_random, preset
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests are reported as skipped on a machine without CUDA, never as passed."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: run scripts/gpu_check.sh on a GPU machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def make_ckpt(tmp_path_factory):
+    """make_ckpt(name="tiny", seed=0, **overrides) -> path of a cached random checkpoint."""
+    cache = {}
+
+    def make(name="tiny", seed=0, max_shard_size=None, **overrides):
+        key = (name, seed, max_shard_size, tuple(sorted(overrides.items())))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"ckpt-{name}-{seed}")
+            cache[key] = make_random(path, preset(name, **overrides), seed=seed, max_shard_size=max_shard_size)
+        return cache[key]
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(make_ckpt):
+    return make_ckpt("tiny", seed=0)
