@@ -64,6 +64,7 @@ class BlockManager:
     def allocate(self, seq: Sequence, use_cache: bool = True) -> None:
         """Give ``seq`` blocks for all its tokens, reusing cached prefix blocks where they hash equal."""
         assert not seq.block_table
+        seq.kv_epoch = self.salt  # the weights this KV is computed with (see Engine.live_kv_is_fresh)
         use_cache = use_cache and self.enable_prefix_caching
         h, miss = -1, False
         for i in range(seq.num_blocks):

@@ -61,12 +61,15 @@ class Scheduler:
         self.running.extendleft(reversed(scheduled))
         return scheduled, False
 
-    def preempt(self, seq: Sequence) -> None:
-        """Free ``seq``'s KV and put it first in line; it will be re-prefilled."""
+    def preempt(self, seq: Sequence, out_of_memory: bool = True) -> None:
+        """Free ``seq``'s KV and put it first in line; it will be re-prefilled.
+        (Also how a pause in ``retract`` mode sends requests back, with out_of_memory=False.)"""
         seq.status = SequenceStatus.WAITING
         self.block_manager.deallocate(seq)
+        if seq in self.running:
+            self.running.remove(seq)
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+        self.num_preemptions += out_of_memory
 
     def finish(self, seq: Sequence, reason: dict) -> None:
         seq.status = SequenceStatus.FINISHED
@@ -74,6 +77,8 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         if seq in self.running:
             self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], version: str) -> list[Sequence]:
         """Append each sampled token; finish sequences that hit EOS or a length limit."""

@@ -65,6 +65,8 @@ class Sequence:
         self.prefix_hit_tokens = 0      # the same, as seen at this request's first prefill
         self.token_versions: list[str] = []  # weight version that produced each output token
         self.finish_reason: dict | None = None
+        self.kv_epoch = 0               # weight-update count when this request's KV was computed
+        self.retract_record: dict | None = None  # the pause that retracted it, until re-prefilled
         self.arrival_time = time.perf_counter()
         self.generator = None
         if params.temperature > 1e-5:

@@ -1,0 +1,1 @@
+"""Cost models the chapters compare with measurements from the real engine."""

@@ -1,0 +1,104 @@
+"""The update transaction: validate, stage, then commit in place, timing every phase.
+
+Contract: nothing in the live model changes until the whole update has been validated
+(structural config, every tensor name, shape and dtype) and staged. The commit then
+goes through the model's own ``load_weights`` (name mapping, q/k/v and gate/up fusion,
+tensor-parallel slicing), which copies into the existing parameters: no tensor a kernel
+or a captured CUDA graph reads ever moves.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+
+from course_lib.config import ModelConfig
+from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
+
+
+class UpdateError(ValueError):
+    """An update refused before anything changed; the message says what was wrong."""
+
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def validate_config(current: ModelConfig, new: ModelConfig) -> None:
+    diff = current.structural_diff(new)
+    if diff:
+        fields = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+        raise UpdateError(f"the new checkpoint changes the model's structure ({fields}); "
+                          f"a hot update can only change values: restart the engine for this")
+
+
+def validate_tensors(config: ModelConfig, meta: dict, partial: bool = False) -> int:
+    """Check names, shapes and dtypes against the model; returns the bytes to load.
+
+    ``meta`` is {name: (shape, dtype)}. A full update must name every tensor exactly once;
+    a partial update (asked for explicitly) may name any subset.
+    """
+    expected = hf_tensor_shapes(config)
+    unknown = sorted(set(meta) - set(expected))
+    if unknown:
+        raise UpdateError(f"{len(unknown)} tensors match no parameter of this model, e.g. {unknown[:3]}")
+    missing = sorted(set(expected) - set(meta))
+    if missing and not partial:
+        raise UpdateError(f"{len(missing)} tensors missing for a full update, e.g. {missing[:3]} "
+                          f"(pass partial=True to update only some tensors)")
+    if not meta:
+        raise UpdateError("the update names no tensors")
+    nbytes = 0
+    for name, (shape, dtype) in meta.items():
+        if tuple(shape) != tuple(expected[name]):
+            raise UpdateError(f"{name}: shape {tuple(shape)}, expected {tuple(expected[name])}")
+        if dtype not in FLOAT_DTYPES:
+            raise UpdateError(f"{name}: dtype {dtype}, expected a floating-point checkpoint tensor")
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes += n * dtype.itemsize
+    return nbytes
+
+
+def stage_from_disk(reader: CheckpointReader, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """Read every tensor into host memory, so a truncated or corrupt file fails here,
+    before the commit, and never halfway through it."""
+    declared = reader.config.dtype
+    staged = {}
+    for name, tensor in reader.iter_tensors(names):
+        if tensor.dtype != declared:
+            raise UpdateError(f"{name}: dtype {tensor.dtype}, but config.json declares {reader.config.torch_dtype}")
+        staged[name] = tensor
+    return staged
+
+
+def commit(model, staged: dict[str, torch.Tensor], device) -> None:
+    """Copy staged tensors into the live parameters through the model's loaders."""
+    model.load_weights((name, t.to(device, non_blocking=True)) for name, t in staged.items())
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def load_and_validate(model_config: ModelConfig, model_path, partial: bool = False):
+    """Open and fully validate a checkpoint dir for an update: (reader, bytes)."""
+    try:
+        reader = CheckpointReader(model_path)
+        validate_config(model_config, reader.config)
+        meta = reader.metadata()
+    except CheckpointError as exc:
+        raise UpdateError(str(exc)) from exc
+    return reader, validate_tensors(model_config, meta, partial)
+
+
+class PhaseTimer:
+    """Collects the milliseconds of each named phase of an update."""
+
+    def __init__(self):
+        self.ms: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.ms[phase] = self.ms.get(phase, 0.0) + 1e3 * (now - self._t)
+        self._t = now
