@@ -16,6 +16,7 @@ from course_lib.engine.block_manager import BlockManager
 from course_lib.engine.model_runner import ModelRunner
 from course_lib.engine.scheduler import Scheduler
 from course_lib.engine.sequence import SamplingParams, Sequence
+from course_lib.layers.quant import process_weights_after_loading
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.tokenizer import ByteTokenizer
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
@@ -45,11 +46,13 @@ def resolve_dtype(dtype, device: str, checkpoint_dtype: torch.dtype) -> torch.dt
     return dtype
 
 
-def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1):
-    """Build the model on ``device`` and load every checkpoint tensor through its loaders."""
+def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
+               quantization: str | None = None):
+    """Build the model on ``device``, load every checkpoint tensor through its loaders, and
+    turn the loaded weights into kernel format (``quantization``: None, "int8" or "fp8")."""
     config = reader.config
     with default_dtype(dtype), torch.device(device):
-        model = Qwen3ForCausalLM(config, tp_rank, tp_size)
+        model = Qwen3ForCausalLM(config, tp_rank, tp_size, quantization)
     expected = set(hf_tensor_shapes(config))
     present = set(reader.metadata())
     missing = sorted(expected - present)
@@ -61,6 +64,7 @@ def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_ran
         if isinstance(exc, CheckpointError):
             raise
         raise CheckpointError(f"{reader.path}: {exc.args[0] if exc.args else exc}") from exc
+    process_weights_after_loading(model)
     return model.eval()
 
 
@@ -70,7 +74,8 @@ class Engine:
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
                  max_num_seqs: int = 16, max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None):
+                 enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
+                 quantization: str | None = None):
         t0 = time.perf_counter()
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but torch sees no GPU")
@@ -90,7 +95,8 @@ class Engine:
             cuda_graph_batch_sizes=list(cuda_graph_batch_sizes or []))
         self.timings: dict[str, float] = {}
         t1 = time.perf_counter()
-        self.model = load_model(reader, device, self.config.dtype)
+        self.quantization = quantization  # fixed at start-up: changing it needs a restart
+        self.model = load_model(reader, device, self.config.dtype, quantization=quantization)
         self.timings["load_weights_s"] = time.perf_counter() - t1
         if num_kv_blocks is None:  # room for every slot's sequence at full length
             num_kv_blocks = max_num_seqs * -(-max_model_len // block_size)

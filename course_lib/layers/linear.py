@@ -11,13 +11,18 @@ Layouts for ``tp_size`` ranks (rank ``r``):
 - RowParallelLinear: input columns split; outputs are summed across ranks (all-reduce).
 - MergedColumnParallelLinear: gate and up stacked; each is column-split, then stacked.
 - QKVParallelLinear: q, k, v heads stacked; heads are split across ranks.
+
+What a layer stores and how it multiplies is its ``quant_method``'s business (see
+``quant.py``): unquantized, the loaders write straight into ``weight``; quantized,
+``weight`` is a checkpoint-format shell whose loader stages the tensor for requantization.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
+
+from course_lib.layers.quant import UnquantizedLinearMethod
 
 
 def check_shape(param_name: str, loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -39,22 +44,27 @@ def _divide(n: int, tp_size: int, what: str) -> int:
 
 
 class LinearBase(nn.Module):
-    """A bias-free linear layer with a weight of shape [out_per_rank, in_per_rank]."""
+    """A bias-free linear layer with a (checkpoint-format) weight of shape
+    [out_per_rank, in_per_rank]; ``quant_method`` creates its tensors and computes it."""
+
+    # The shard ids its weight_loader takes: a quantized layer is requantized only once
+    # every one of them has arrived.
+    shard_ids: tuple = (None,)
 
     def __init__(self, in_features: int, out_features: int, tp_rank: int = 0, tp_size: int = 1,
-                 tp_dim: int | None = None):
+                 tp_dim: int | None = None, quant_method=None):
         super().__init__()
         self.tp_rank, self.tp_size, self.tp_dim = tp_rank, tp_size, tp_dim
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, in_features, out_features, torch.get_default_dtype())
 
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         size = loaded.shape[dim] // self.tp_size
         return loaded.narrow(dim, self.tp_rank * size, size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return self.quant_method.apply(self, x)
 
 
 class ReplicatedLinear(LinearBase):
@@ -63,8 +73,9 @@ class ReplicatedLinear(LinearBase):
 
 
 class ColumnParallelLinear(LinearBase):
-    def __init__(self, in_features, out_features, tp_rank=0, tp_size=1):
-        super().__init__(in_features, _divide(out_features, tp_size, "output size"), tp_rank, tp_size, 0)
+    def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, quant_method=None):
+        super().__init__(in_features, _divide(out_features, tp_size, "output size"), tp_rank, tp_size, 0,
+                         quant_method)
         self.full_out = out_features
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -73,8 +84,9 @@ class ColumnParallelLinear(LinearBase):
 
 
 class RowParallelLinear(LinearBase):
-    def __init__(self, in_features, out_features, tp_rank=0, tp_size=1):
-        super().__init__(_divide(in_features, tp_size, "input size"), out_features, tp_rank, tp_size, 1)
+    def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, quant_method=None):
+        super().__init__(_divide(in_features, tp_size, "input size"), out_features, tp_rank, tp_size, 1,
+                         quant_method)
         self.full_in = in_features
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -82,7 +94,7 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(self._shard(loaded, 1))
 
     def forward(self, x):
-        y = F.linear(x, self.weight)
+        y = self.quant_method.apply(self, x)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y
@@ -91,11 +103,12 @@ class RowParallelLinear(LinearBase):
 class MergedColumnParallelLinear(LinearBase):
     """Several column-parallel outputs stacked into one weight (gate_proj and up_proj)."""
 
-    def __init__(self, in_features, output_sizes: list[int], tp_rank=0, tp_size=1):
+    def __init__(self, in_features, output_sizes: list[int], tp_rank=0, tp_size=1, quant_method=None):
         self.output_sizes = list(output_sizes)
+        self.shard_ids = tuple(range(len(output_sizes)))
         for n in output_sizes:
             _divide(n, tp_size, "output size")
-        super().__init__(in_features, sum(output_sizes) // tp_size, tp_rank, tp_size, 0)
+        super().__init__(in_features, sum(output_sizes) // tp_size, tp_rank, tp_size, 0, quant_method)
 
     def weight_loader(self, param, loaded, shard_id: int):
         check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.output_sizes[shard_id], self.in_features))
@@ -107,14 +120,17 @@ class MergedColumnParallelLinear(LinearBase):
 class QKVParallelLinear(LinearBase):
     """q, k and v projections stacked into one weight; heads split across ranks."""
 
-    def __init__(self, hidden_size, head_dim, num_heads, num_kv_heads, tp_rank=0, tp_size=1):
+    shard_ids = ("q", "k", "v")
+
+    def __init__(self, hidden_size, head_dim, num_heads, num_kv_heads, tp_rank=0, tp_size=1,
+                 quant_method=None):
         self.head_dim = head_dim
         self.num_heads = _divide(num_heads, tp_size, "num_attention_heads")
         self.num_kv_heads = _divide(num_kv_heads, tp_size, "num_key_value_heads")
         self.full_sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
         q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
         self.offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
-        super().__init__(hidden_size, q + 2 * kv, tp_rank, tp_size, 0)
+        super().__init__(hidden_size, q + 2 * kv, tp_rank, tp_size, 0, quant_method)
 
     def weight_loader(self, param, loaded, shard_id: str):
         check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.full_sizes[shard_id], self.in_features))

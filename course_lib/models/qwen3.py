@@ -19,18 +19,21 @@ from course_lib.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from course_lib.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                       RowParallelLinear)
 from course_lib.layers.norm import RMSNorm
+from course_lib.layers.quant import get_quant_method
 from course_lib.layers.rotary import RotaryEmbedding
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, rotary: RotaryEmbedding,
+                 quant_method=None):
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
-                                          config.num_key_value_heads, tp_rank, tp_size)
+                                          config.num_key_value_heads, tp_rank, tp_size, quant_method)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, tp_rank, tp_size)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, tp_rank, tp_size,
+                                        quant_method)
         self.q_norm = RMSNorm(d, config.rms_norm_eps)
         self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.rotary = rotary  # shared by all layers; not a submodule, so no duplicate buffers
@@ -47,11 +50,11 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int):
+    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, quant_method=None):
         super().__init__()
         i = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [i, i], tp_rank, tp_size)
-        self.down_proj = RowParallelLinear(i, config.hidden_size, tp_rank, tp_size)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [i, i], tp_rank, tp_size, quant_method)
+        self.down_proj = RowParallelLinear(i, config.hidden_size, tp_rank, tp_size, quant_method)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -59,12 +62,13 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, rotary: RotaryEmbedding,
+                 quant_method=None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Qwen3Attention(config, tp_rank, tp_size, rotary)
+        self.self_attn = Qwen3Attention(config, tp_rank, tp_size, rotary, quant_method)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Qwen3MLP(config, tp_rank, tp_size)
+        self.mlp = Qwen3MLP(config, tp_rank, tp_size, quant_method)
 
     def forward(self, positions, x, meta):
         x = x + self.self_attn(positions, self.input_layernorm(x), meta)
@@ -72,11 +76,11 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int):
+    def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, quant_method=None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_rank, tp_size)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, tp_rank, tp_size, self.rotary)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, tp_rank, tp_size, self.rotary, quant_method)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -99,11 +103,13 @@ class Qwen3ForCausalLM(nn.Module):
     # Checkpoint entries that are not weights of this model (older HF exports carry them).
     ignored_suffixes = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, config: ModelConfig, tp_rank: int = 0, tp_size: int = 1, quantization: str | None = None):
         super().__init__()
         self.config = config
         self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.model = Qwen3Model(config, tp_rank, tp_size)
+        # Linear layers only: embeddings, the LM head and norms stay in the model dtype.
+        self.quantization = quantization
+        self.model = Qwen3Model(config, tp_rank, tp_size, get_quant_method(quantization))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp_rank, tp_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

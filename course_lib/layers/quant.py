@@ -1,0 +1,286 @@
+"""Quantized linear layers: the checkpoint holds floats, the kernels read something else.
+
+A linear layer delegates its parameters and its matmul to a *quant method* with vLLM's
+interface:
+
+- ``create_weights(layer, in_features, out_features, dtype)`` registers the tensors the
+  kernel reads (for the quantized methods: ``qweight`` and ``weight_scale`` buffers);
+- ``process_weights_after_loading(layer)`` turns the loaded checkpoint-format weight into
+  kernel format (requantizes);
+- ``apply(layer, x)`` computes the layer's output.
+
+``UnquantizedLinearMethod`` keeps a plain ``weight`` that the loaders write into directly.
+
+``Int8PerChannel`` and ``Fp8Block`` allocate their kernel tensors once, at create time,
+and every later (re)load writes into them with ``copy_``: their ``data_ptr`` never
+changes, which is what a captured CUDA graph needs. A checkpoint tensor reaches them in
+two steps:
+
+1. ``load_weights`` calls ``layer.weight.weight_loader`` as for an unquantized layer, so
+   name mapping, q/k/v and gate/up fusion and tensor-parallel slicing are the same code.
+   For a quantized layer ``layer.weight`` is a *shell* on the meta device: it has the
+   checkpoint-format shape and dtype (after sharding and fusion) but no memory. Its loader
+   materializes a full-precision *staging* tensor on the first shard that arrives and
+   writes the shard into it.
+2. ``process_weights_after_loading(model)`` checks that every staged layer received all
+   its shards (q, k and v; gate and up), requantizes each staged weight, copies the result
+   into ``qweight`` and ``weight_scale`` in place, and frees the staging tensor.
+
+Why free the staging tensor instead of keeping a float copy next to the quantized one:
+keeping it would cost more memory than not quantizing at all. Freeing it means a hot
+update re-creates one temporary float tensor per layer it touches, and a caller that
+processes layer by layer holds about one layer of extra memory. Layers a (partial) update
+does not touch are not staged, so processing leaves them exactly as they were. The
+consequence: a fused layer must receive all its shards in an update (a quantized row
+block mixes q, k and v rows), and a layer that got only some is refused before any kernel
+tensor changes.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUANTIZATIONS = (None, "int8", "fp8")
+FP8_MAX = 448.0        # largest finite float8_e4m3fn
+FP8_BLOCK = 128        # DeepSeek-V3 / vLLM block-FP8 block size, in both dimensions
+
+
+# ---- quantize / dequantize (pure functions: tests and chapters call them directly) -------
+
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (qweight int8 [out, in], scale float32 [out]).
+
+    ``scale = max|row| / 127`` (1 for an all-zero row), ``q = round(w / scale)`` with
+    round-half-to-even, clamped to +-127, so ``|w - q * scale| <= scale / 2``.
+    """
+    w = w.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale[:, None]
+
+
+def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """float8_e4m3fn with one scale per ``block x block`` tile: (qweight [out, in],
+    scale float32 [ceil(out/block), ceil(in/block)]).
+
+    Partial tiles at the edges are padded with zeros to find their maximum; ``scale =
+    max|tile| / 448`` (1 for an all-zero tile).
+    """
+    w = w.float()
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    padded = F.pad(w, (0, kb * block - k, 0, nb * block - n))
+    tiles = padded.view(nb, block, kb, block)
+    amax = tiles.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (tiles / scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(nb * block, kb * block)[:n, :k].contiguous(), scale
+
+
+def expand_block_scale(scale: torch.Tensor, shape, block: int = FP8_BLOCK) -> torch.Tensor:
+    n, k = shape
+    return scale.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+
+
+def dequantize_fp8_block(q: torch.Tensor, scale: torch.Tensor, block: int = FP8_BLOCK) -> torch.Tensor:
+    return q.float() * expand_block_scale(scale, q.shape, block)
+
+
+# ---- quant methods --------------------------------------------------------------------------
+
+class UnquantizedLinearMethod:
+    """A plain ``weight`` [out, in] in the model dtype; the loaders write straight into it."""
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype):
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        layer.weight.weight_loader = layer.weight_loader
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pass  # checkpoint format is kernel format
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight)
+
+
+class QuantizedLinearMethod:
+    """Shared machinery: the meta-device ``weight`` shell, its staging loader, and the
+    in-place requantization. Subclasses say how to quantize and how to multiply."""
+
+    qweight_dtype: torch.dtype
+
+    def scale_shape(self, out_features: int, in_features: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def create_weights(self, layer, in_features, out_features, dtype):
+        # The kernel tensors: allocated here, once, and only ever written with copy_.
+        layer.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=self.qweight_dtype))
+        layer.register_buffer("weight_scale", torch.ones(self.scale_shape(out_features, in_features),
+                                                         dtype=torch.float32))
+        # Checkpoint-format shell: shape and dtype for the loaders and for validation, no memory.
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device="meta"),
+                                    requires_grad=False)
+        layer.weight.weight_loader = functools.partial(self._stage, layer)
+        layer.staging, layer.staged_shards = None, set()
+
+    def _stage(self, layer, param, loaded, shard_id=None):
+        """The shell's weight_loader: write this shard into the staging tensor through the
+        layer's own loader (same checks, same slicing and fusion as unquantized)."""
+        if layer.staging is None:
+            layer.staging = torch.empty(param.shape, dtype=param.dtype, device=layer.qweight.device)
+            layer.staging.param_name = getattr(param, "param_name", "weight")  # loaders name it in errors
+        if shard_id is None:
+            layer.weight_loader(layer.staging, loaded)
+        else:
+            layer.weight_loader(layer.staging, loaded, shard_id)
+        layer.staged_shards.add(shard_id)
+
+    def process_weights_after_loading(self, layer) -> None:
+        if layer.staging is None:
+            return  # nothing arrived for this layer: its kernel tensors stay as they are
+        q, scale = self.quantize(layer.staging)
+        layer.qweight.copy_(q)
+        layer.weight_scale.copy_(scale)
+        layer.staging, layer.staged_shards = None, set()
+
+    def dequantized_weight(self, layer) -> torch.Tensor:
+        """The float weight [out, in] this layer's kernel effectively multiplies by."""
+        raise NotImplementedError
+
+
+class Int8PerChannel(QuantizedLinearMethod):
+    """int8 weight, one float32 scale per output row (weight-only: activations stay float)."""
+
+    qweight_dtype = torch.int8
+
+    def scale_shape(self, out_features, in_features):
+        return (out_features,)
+
+    def quantize(self, w):
+        return quantize_int8_per_channel(w)
+
+    def dequantized_weight(self, layer):
+        return dequantize_int8_per_channel(layer.qweight, layer.weight_scale)
+
+    def apply(self, layer, x):
+        # The per-row scale factors out of the dot product, so it is applied to the output
+        # (an int8 kernel's epilogue); the int8 -> float cast of the weight is exact.
+        return F.linear(x, layer.qweight.to(x.dtype)) * layer.weight_scale.to(x.dtype)
+
+
+class Fp8Block(QuantizedLinearMethod):
+    """float8_e4m3fn weight with 128x128 block scales (the DeepSeek-V3 recipe vLLM serves).
+
+    On a GPU where ``torch._scaled_mm`` supports block scaling and both dimensions are
+    multiples of 128, activations are quantized per token and 128-column group and the
+    matmul runs in FP8; otherwise the weight is dequantized and multiplied in the model
+    dtype (always on CPU). The choice is made per layer at create time, before any graph
+    is captured.
+    """
+
+    qweight_dtype = torch.float8_e4m3fn
+
+    def scale_shape(self, out_features, in_features):
+        return (-(-out_features // FP8_BLOCK), -(-in_features // FP8_BLOCK))
+
+    def create_weights(self, layer, in_features, out_features, dtype):
+        super().create_weights(layer, in_features, out_features, dtype)
+        device = layer.qweight.device
+        layer.fp8_scaled_mm = (device.type == "cuda" and in_features % FP8_BLOCK == 0
+                               and out_features % FP8_BLOCK == 0 and scaled_mm_block_fp8_works(device, dtype))
+
+    def quantize(self, w):
+        return quantize_fp8_block(w)
+
+    def dequantized_weight(self, layer):
+        return dequantize_fp8_block(layer.qweight, layer.weight_scale)
+
+    def apply(self, layer, x):
+        if layer.fp8_scaled_mm:
+            y = fp8_block_matmul(x.reshape(-1, x.shape[-1]), layer.qweight, layer.weight_scale, x.dtype)
+            return y.view(*x.shape[:-1], y.shape[-1])
+        return F.linear(x, self.dequantized_weight(layer).to(x.dtype))
+
+
+def fp8_block_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, out_dtype) -> torch.Tensor:
+    """x [M, K] (float) times block-FP8 qweight [N, K]^T with ``torch._scaled_mm``.
+
+    Activations get one scale per token and 128-column group (1x128), the weight one per
+    128x128 tile; cuBLAS wants the activation scales column-major and the weight
+    column-major, hence the transposes.
+    """
+    m, k = x.shape
+    groups = x.float().view(m, k // FP8_BLOCK, FP8_BLOCK)
+    amax = groups.abs().amax(dim=-1)
+    x_scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    xq = (groups / x_scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(m, k)
+    return torch._scaled_mm(xq, qweight.t(), scale_a=x_scale.t().contiguous().t(), scale_b=scale.t(),
+                            out_dtype=out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def scaled_mm_block_fp8_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch/cuBLAS build runs block-scaled FP8 ``_scaled_mm`` on ``device``
+    and gets the right answer (support depends on the GPU, CUDA and torch versions)."""
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        w = torch.randn(256, 256, device=device, generator=gen)
+        x = torch.randn(3, 256, device=device, generator=gen)
+        q, s = quantize_fp8_block(w)
+        y = fp8_block_matmul(x.to(dtype), q, s, dtype).float()
+        ref = x @ dequantize_fp8_block(q, s).T
+        return bool(((y - ref).norm() / ref.norm()) < 0.1)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+# ---- choosing a method, and processing a whole model ---------------------------------------
+
+def get_quant_method(quantization: str | None):
+    """The quant method for an engine's ``quantization`` option (vLLM's names)."""
+    if quantization is None:
+        return UnquantizedLinearMethod()
+    if quantization == "int8":
+        return Int8PerChannel()
+    if quantization == "fp8":
+        return Fp8Block()
+    raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+
+
+def process_weights_after_loading(model: nn.Module) -> list[str]:
+    """Requantize every linear layer that received weights since the last call; returns
+    their names. A fused layer that got only some of its shards is refused before any
+    kernel tensor changes, and all staged weights are dropped (the update failed; the
+    engine keeps serving the weights it had)."""
+    layers = [(name, m) for name, m in model.named_modules() if hasattr(m, "quant_method")]
+    staged = [(name, m) for name, m in layers if getattr(m, "staging", None) is not None]
+    for name, m in staged:
+        missing = [s for s in m.shard_ids if s not in m.staged_shards]
+        if missing:
+            for _, other in staged:
+                other.staging, other.staged_shards = None, set()
+            raise ValueError(f"{name}: received shards {sorted(map(str, m.staged_shards))} but not "
+                             f"{[str(s) for s in missing]}; a quantized fused layer is requantized "
+                             f"whole, so an update must send all of its shards")
+    for _, m in layers:
+        m.quant_method.process_weights_after_loading(m)
+    return [name for name, _ in staged]
+
+
+def kernel_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor the forward pass reads (parameters with storage, and buffers such as
+    ``qweight`` and ``weight_scale``), by name: what must keep its address across updates.
+    Checkpoint-format shells on the meta device are left out: no kernel reads them."""
+    out = {name: p for name, p in model.named_parameters() if p.device.type != "meta"}
+    out.update(model.named_buffers())
+    return out
