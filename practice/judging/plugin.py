@@ -1,0 +1,114 @@
+"""pytest plugin for one graded run; the judge copies it into the run directory as conftest.py.
+
+It gives tests the ``candidate`` fixture (the learner's module, loaded from the path in
+``$COURSE_CANDIDATE``, so tests never depend on the file's name), turns GPU cases into
+"not graded" on a machine without CUDA, and writes one JSON line per case to the file
+named by ``$COURSE_JUDGE_RESULTS``. Any skip that is not "needs CUDA" is a failure: a
+skipped case never counts as passed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+# Read once and remove, so the code under test does not find the results file by name.
+_RESULTS = os.environ.pop("COURSE_JUDGE_RESULTS", None)
+_NEEDS_CUDA_REASON = "needs CUDA"
+_pending: dict[str, dict] = {}
+_not_graded: set[str] = set()
+
+
+def _emit(record: dict) -> None:
+    if _RESULTS:
+        with open(_RESULTS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: the case needs an NVIDIA GPU; without one it is not graded")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    whole_problem = os.environ.get("COURSE_REQUIRES_CUDA") == "1"
+    needing = [it for it in items if whole_problem or it.get_closest_marker("cuda")]
+    if needing and not _cuda_available():
+        for item in needing:
+            item.add_marker(pytest.mark.skip(reason=_NEEDS_CUDA_REASON))
+            _not_graded.add(item.nodeid)
+
+
+def pytest_collection_finish(session):
+    _emit({"event": "collected", "cases": [it.nodeid for it in session.items]})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _emit({"event": "case", "case": report.nodeid or "collection", "outcome": "fail",
+               "message": "the tests could not be loaded: " + _message(report), "seconds": 0.0})
+
+
+def pytest_runtest_logreport(report):
+    state = _pending.setdefault(report.nodeid, {"outcome": "pass", "message": "", "seconds": 0.0})
+    state["seconds"] += report.duration
+    if state["outcome"] == "pass":
+        if report.failed:
+            where = {"setup": "while preparing the case: ", "teardown": "while cleaning up: "}.get(report.when, "")
+            state.update(outcome="fail", message=where + _message(report))
+        elif report.skipped:
+            reason = _skip_reason(report)
+            if report.nodeid in _not_graded and reason == _NEEDS_CUDA_REASON:
+                state.update(outcome="not graded", message=_NEEDS_CUDA_REASON)
+            else:
+                state.update(outcome="fail", message=f"the case was skipped ({reason}); a skip is not a pass")
+    if report.when == "teardown":
+        _emit({"event": "case", "case": report.nodeid, **_pending.pop(report.nodeid)})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _emit({"event": "finished", "exitstatus": int(exitstatus)})
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def _message(report) -> str:
+    """The failure in words: the assertion's own message, not pytest's expression dump."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
+    for prefix in ("AssertionError: ", "Failed: "):
+        text = text.removeprefix(prefix)
+    text = text.split("\nassert ")[0]  # pytest appends the rewritten expression; the words come first
+    text = " ".join(text.split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+@pytest.fixture(scope="session")
+def candidate():
+    """The module under test, loaded from $COURSE_CANDIDATE (the judge sets it)."""
+    path = os.environ.get("COURSE_CANDIDATE")
+    if not path:
+        pytest.fail("COURSE_CANDIDATE is not set: run the tests through `python practice/judge.py test <slug>`",
+                    pytrace=False)
+    spec = importlib.util.spec_from_file_location("candidate", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["candidate"] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # noqa: BLE001 - a SyntaxError or sys.exit in the file is the learner's failure
+        pytest.fail(f"could not import {os.path.basename(path)}: {type(e).__name__}: {e}", pytrace=False)
+    return module

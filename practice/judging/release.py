@@ -1,0 +1,52 @@
+"""The judge's step of building the student edition: practice/ without answers or hidden tests.
+
+What is copied is an allow-list (the judge, and per problem its problem.md, starter.py,
+test_public.py and support modules), and the result is then checked: a released file
+whose text equals a solution, a wrong answer or a hidden test stops the release.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from judging.problems import PRACTICE, all_problems
+
+TOP_FILES = ["judge.py", "README.md", ".gitignore"]
+
+
+def release(dest: Path, force: bool = False) -> list[Path]:
+    """Copy the student edition of practice/ into ``dest``; return the files written."""
+    dest = Path(dest)
+    if dest.resolve() == PRACTICE.resolve() or PRACTICE.resolve() in dest.resolve().parents:
+        raise ValueError(f"{dest} is inside the instructor edition's practice/ directory")
+    if dest.exists() and any(dest.iterdir()):
+        if not force:
+            raise FileExistsError(f"{dest} exists and is not empty; use --force to replace it")
+        shutil.rmtree(dest)
+    written = [_copy(PRACTICE / name, dest / name) for name in TOP_FILES if (PRACTICE / name).is_file()]
+    written += [_copy(p, dest / "judging" / p.name) for p in sorted((PRACTICE / "judging").glob("*.py"))]
+    secrets = []
+    for problem in all_problems():
+        for src in [problem.path / "problem.md", problem.starter] + problem.public_files():
+            written.append(_copy(src, dest / "problems" / problem.slug / src.name))
+        secrets += [problem.solution, *problem.wrong_answers(), *sorted(problem.hidden_dir().glob("*.py"))]
+    try:
+        _check_no_secrets(written, [s for s in secrets if s.is_file()])
+    except RuntimeError:
+        shutil.rmtree(dest)  # never leave a leaking edition behind
+        raise
+    return written
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def _check_no_secrets(written: list[Path], secrets: list[Path]) -> None:
+    secret_text = {s.read_bytes().strip(): s for s in secrets}
+    for path in written:
+        leaked = secret_text.get(path.read_bytes().strip())
+        if leaked is not None:
+            raise RuntimeError(f"release stopped: {path} has the same text as {leaked}")

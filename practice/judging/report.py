@@ -1,0 +1,63 @@
+"""Words for results: one line per case, then a score line that never counts an ungraded case."""
+from __future__ import annotations
+
+from judging.run import Case, RunResult
+
+HIDDEN_ABSENT = "hidden tests: not present in this edition (public tests only)"
+
+
+def case_line(case: Case) -> str:
+    if case.outcome == "pass":
+        verdict = "pass"
+    elif case.outcome == "not graded":
+        verdict = f"not graded: {case.message}"
+    else:
+        verdict = f"FAIL: {case.message}"
+    return f"  {case.case} ... {verdict}"
+
+
+def score_line(result: RunResult) -> str:
+    passed, graded, skipped = result.count("pass"), result.graded, result.count("not graded")
+    line = f"score: {passed}/{graded} graded cases passed"
+    if skipped:
+        line += f"; {skipped} not graded (needs CUDA; not counted as passed)"
+    if graded == 0:
+        line += "; nothing was graded, so this is not a pass"
+    return line
+
+
+def print_run(result: RunResult, hidden_dir) -> None:
+    print(f"{result.problem}: grading {result.file}")
+    print(f"hidden tests: from {hidden_dir}" if result.hidden else HIDDEN_ABSENT)
+    for case in result.cases:
+        print(case_line(case))
+    print(score_line(result))
+
+
+def summary(result: RunResult) -> str:
+    """A short phrase for tables: '12/12 passed', '3 failed of 12', '+1 not graded'."""
+    failed, graded = result.count("fail"), result.graded
+    text = f"{result.count('pass')}/{graded} passed" if not failed else f"{failed} failed of {graded}"
+    if result.count("not graded"):
+        text += f", {result.count('not graded')} not graded"
+    return text
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def check_verdict(should_pass: bool, result: RunResult) -> str:
+    """'ok', or in words why a reference (should_pass) or a starter / wrong answer breaks the rules."""
+    if not result.hidden:
+        return "WRONG: no hidden tests (practice/hidden/<slug>/ or $COURSE_HIDDEN_DIR/<slug>/)"
+    if should_pass:
+        bad = next((c for c in result.cases if c.outcome == "fail"), None)
+        if bad is not None:
+            return f"WRONG: the reference fails {bad.case}: {bad.message}"
+        return "ok" if result.graded else "WRONG: nothing was graded"
+    return "ok" if result.count("fail") else "WRONG: passes every graded case"

@@ -1,0 +1,245 @@
+"""The practice judge end to end: check, test, grade, release, hidden tests, CUDA cases, time limits.
+
+Each scenario runs the real command line (``python practice/judge.py ...``) in subprocesses,
+as learners and instructors do. Every grading run imports torch in its own process, so
+the scenarios are started together when the first test needs one and each test waits
+only for its own. ``CUDA_VISIBLE_DEVICES=""`` makes every machine look GPU-less here, so
+"not graded: needs CUDA" is checked on GPU machines too.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PRACTICE = REPO / "practice"
+SLUG = "inplace-requant"
+PROBLEM = PRACTICE / "problems" / SLUG
+CUDA_CASE = "test_hidden.py::test_cuda_graph_replay_sees_the_update"
+NOT_PRESENT = "hidden tests: not present in this edition (public tests only)"
+
+sys.path.insert(0, str(PRACTICE))
+from judging import problems, report  # noqa: E402
+from judging.run import Case, RunResult  # noqa: E402
+
+
+def judge(*args, judge_py=PRACTICE / "judge.py", env=None):
+    e = {k: v for k, v in os.environ.items() if k != "COURSE_HIDDEN_DIR"}
+    e.update({"CUDA_VISIBLE_DEVICES": ""}, **(env or {}))
+    return subprocess.run([sys.executable, str(judge_py), *map(str, args)], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=500)
+
+
+def case_lines(out: str) -> dict[str, str]:
+    """{case: verdict} from the judge's '  case ... verdict' lines."""
+    return dict(m.groups() for m in re.finditer(r"^  (\S.*?) \.\.\. (.*)$", out, re.M))
+
+
+def scenario_check(tmp):
+    return judge("check", "--json", "--jobs", "2")
+
+
+def scenario_starter(tmp):
+    """The starter must fail on the public tests alone, as in the student edition."""
+    (tmp / "no-hidden").mkdir()
+    return judge("test", SLUG, "--file", PROBLEM / "starter.py", env={"COURSE_HIDDEN_DIR": str(tmp / "no-hidden")})
+
+
+def scenario_solution(tmp):
+    return judge("test", SLUG, "--file", PROBLEM / "solution.py")
+
+
+def scenario_timeout(tmp):
+    sleeper = tmp / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(600)\n")
+    start = time.perf_counter()
+    result = judge("test", SLUG, "--file", sleeper, "--timeout", 8, "-k", "test_quantize_returns")
+    return result, time.perf_counter() - start
+
+
+def scenario_grade(tmp):
+    """aaron hands in a wrong answer that also overwrites zoe's submission on disk; zoe hands in the reference."""
+    subs, log = tmp / "submissions", tmp / "spy.jsonl"
+    for who in ("aaron", "zoe", "mia"):  # mia hands in nothing
+        (subs / who).mkdir(parents=True)
+    zoe_file = subs / "zoe" / f"{SLUG}.py"
+    spy = ("\nimport hashlib as _h, json as _j, os as _o\n"
+           f"with open({str(log)!r}, 'a') as _f:\n"
+           "    _f.write(_j.dumps({'who': WHO, 'cwd': _o.getcwd(), 'files': sorted(_o.listdir('.')),\n"
+           "                       'sha': _h.sha256(open(__file__, 'rb').read()).hexdigest()}) + '\\n')\n")
+    attack = f"open({str(zoe_file)!r}, 'w').write('raise SystemExit(\"overwritten by aaron\")\\n')\n"
+    sources = {
+        "aaron": (PROBLEM / "wrong" / "rebind_data.py").read_text() + "\nWHO = 'aaron'" + spy + attack,
+        "zoe": (PROBLEM / "solution.py").read_text() + "\nWHO = 'zoe'" + spy,
+    }
+    for who, text in sources.items():
+        (subs / who / f"{SLUG}.py").write_text(text)
+    result = judge("grade", subs, "--out", tmp / "out")
+    return result, tmp / "out", log, {who: hashlib.sha256(t.encode()).hexdigest() for who, t in sources.items()}, zoe_file
+
+
+def scenario_release(tmp):
+    dest = tmp / "student" / "practice"
+    released = dest / "judge.py"
+    steps = {"release": judge("release", dest)}
+    steps["test before start"] = judge("test", SLUG, judge_py=released)
+    steps["start"] = judge("start", SLUG, judge_py=released)
+    steps["start again"] = judge("start", SLUG, judge_py=released)
+    steps["test"] = judge("test", SLUG, judge_py=released)
+    steps["release again"] = judge("release", dest)
+    return steps, dest
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """name -> future of the scenario's result; all start at once."""
+    pool = ThreadPoolExecutor(max_workers=len(SCENARIOS))
+    futures = {name: pool.submit(fn, tmp_path_factory.mktemp(name)) for name, fn in SCENARIOS.items()}
+    yield {name: f.result for name, f in futures.items()}
+    pool.shutdown(wait=True)
+
+
+def test_check_is_green(ran):
+    r = ran["check"]()
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = {c["file"]: c for c in json.loads(r.stdout)["checks"] if c["problem"] == SLUG}
+    for name in ["solution.py", "starter.py", "wrong/rebind_data.py", "wrong/copy_float.py", "wrong/no_zero_row.py",
+                 "wrong/validate_after_write.py", "wrong/round_half_away.py", "wrong/abort_reprefill.py"]:
+        assert files[name]["verdict"] == "ok", (name, files[name]["verdict"])
+    assert files["solution.py"]["result"]["failed"] == 0 and files["solution.py"]["result"]["passed"] > 40
+    assert all(c["result"]["failed"] > 0 for name, c in files.items() if name != "solution.py")
+
+
+@pytest.mark.parametrize("wrong, case, words", [
+    ("rebind_data.py", "test_public.py::test_hot_update_writes_in_place",
+     "storage of layer.qweight unchanged (address, shape, dtype, device), but address 0x"),
+    ("validate_after_write.py", "test_hidden.py::test_hot_update_rejects_wrong_shape_and_changes_nothing[torch-[1, cols]]",
+     "layer.qweight bitwise unchanged after the rejected [1, "),
+    ("abort_reprefill.py", "test_public.py::test_pause_costs_example[abort]",
+     "pause_costs('abort', done=[4, 0, 2], left=[1, 3, 6], prompt=10, step_ms=20.0)['reprefill'] should be 30, got 36"),
+])
+def test_wrong_answers_fail_with_words(ran, wrong, case, words):
+    checks = {c["file"]: c for c in json.loads(ran["check"]().stdout)["checks"]}
+    cases = {c["case"]: c for c in checks[f"wrong/{wrong}"]["result"]["cases"]}
+    assert cases[case]["outcome"] == "fail" and cases[case]["message"].startswith(words), cases[case]
+
+
+def test_starter_fails_and_solution_passes(ran):
+    starter, solution = ran["starter"](), ran["solution"]()
+    assert starter.returncode == 1, starter.stdout + starter.stderr
+    assert "FAIL: " in starter.stdout
+    assert solution.returncode == 0, solution.stdout + solution.stderr
+    verdicts = case_lines(solution.stdout)
+    assert len(verdicts) > 40 and all(v == "pass" for c, v in verdicts.items() if c != CUDA_CASE)
+    assert "hidden tests: from " in solution.stdout
+
+
+def test_absent_hidden_tests_are_stated_plainly(ran):
+    out = ran["starter"]().stdout  # run with COURSE_HIDDEN_DIR set to an empty directory
+    assert NOT_PRESENT in out
+    assert not [c for c in case_lines(out) if c.startswith("test_hidden.py")]
+
+
+def test_cuda_case_is_not_graded_and_not_counted(ran):
+    out = ran["solution"]().stdout
+    verdicts = case_lines(out)
+    assert verdicts[CUDA_CASE] == "not graded: needs CUDA"
+    passed = sum(v == "pass" for v in verdicts.values())
+    assert passed == len(verdicts) - 1
+    assert f"score: {passed}/{passed} graded cases passed; 1 not graded" in out
+
+
+def test_time_limit_fails_the_unfinished_case(ran):
+    r, seconds = ran["timeout"]()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL: did not finish within the time limit of 8 s" in r.stdout
+    assert seconds < 120, "the judge did not stop the run at its time limit"
+
+
+def test_grade_writes_the_gradebook_and_keeps_learners_apart(ran):
+    r, out, log, shas, zoe_file = ran["grade"]()
+    assert r.returncode == 1, r.stdout + r.stderr  # aaron failed and mia handed in nothing
+    with open(out / "gradebook.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["learner", "problem", "case", "result", "message", "seconds"]
+    assert json.loads((out / "gradebook.json").read_text())["rows"] == [
+        {**row, "seconds": float(row["seconds"])} for row in rows]
+    by = {who: [row for row in rows if row["learner"] == who] for who in ("aaron", "zoe", "mia")}
+    assert [row["result"] for row in by["mia"]] == ["not submitted"]
+    zoe = {row["case"]: row["result"] for row in by["zoe"]}
+    assert len(zoe) > 40 and zoe.pop(CUDA_CASE) == "not graded" and set(zoe.values()) == {"pass"}
+    aaron_fails = [row["message"] for row in by["aaron"] if row["result"] == "fail"]
+    assert any(m.startswith("storage of layer.qweight unchanged") for m in aaron_fails)
+    # aaron's code really did overwrite zoe's file on disk; her grade used the file as handed in.
+    assert zoe_file.read_text().startswith("raise SystemExit")
+    records = {rec["who"]: rec for rec in map(json.loads, log.read_text().splitlines())}
+    assert set(records) == {"aaron", "zoe"}
+    assert records["aaron"]["cwd"] != records["zoe"]["cwd"]
+    for who, rec in records.items():
+        assert rec["sha"] == shas[who], f"{who} ran a file other than the one handed in"
+        others = set(rec["files"]) - {"conftest.py", "pytest.ini", "layer.py", "test_public.py", "test_hidden.py"}
+        assert others == {f"{SLUG}.py"}, f"{who}'s directory held more than their own file: {rec['files']}"
+        assert not os.path.exists(rec["cwd"]), "the run directory was left behind"
+
+
+def test_release_holds_no_answers_and_its_starter_fails(ran):
+    steps, dest = ran["release"]()
+    assert steps["release"].returncode == 0, steps["release"].stderr
+    files = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
+    assert {"judge.py", "judging/plugin.py", f"problems/{SLUG}/problem.md", f"problems/{SLUG}/starter.py",
+            f"problems/{SLUG}/test_public.py", f"problems/{SLUG}/layer.py"} <= files
+    assert not [f for f in files if f.endswith("solution.py") or "/wrong/" in f or f.startswith("hidden/")]
+    solution = (PROBLEM / "solution.py").read_text()
+    quantize_body = solution[solution.index("def quantize"):solution.index("def hot_update")]
+    assert not [f for f in files if quantize_body in (dest / f).read_text()]
+
+    assert steps["test before start"].returncode == 2 and "start" in steps["test before start"].stderr
+    assert steps["start"].returncode == 0 and (dest / "workspace" / f"{SLUG}.py").is_file()
+    assert steps["start again"].returncode == 2 and "--force" in steps["start again"].stderr
+    test = steps["test"]
+    assert test.returncode == 1 and "FAIL: " in test.stdout, test.stdout + test.stderr
+    assert NOT_PRESENT in test.stdout
+    assert steps["release again"].returncode == 2 and "not empty" in steps["release again"].stderr
+
+
+def test_list_shows_the_problem():
+    r = judge("list")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith(SLUG))
+    assert row.split()[-1] == "no" and " 03 " in row and "medium" in row and "cuda-graphs" in row
+
+
+def test_front_matter_parser():
+    meta = problems.parse_front_matter(
+        "---\ntitle: 'A: title'\nchapter: 03\ntags: [a, b]\nrequires:\n  - cuda\nempty: []\n---\nbody\n")
+    assert meta == {"title": "A: title", "chapter": "03", "tags": ["a", "b"], "requires": ["cuda"], "empty": []}
+    with pytest.raises(ValueError, match="closing"):
+        problems.parse_front_matter("---\ntitle: x\n")
+    with pytest.raises(ValueError, match="key: value"):
+        problems.parse_front_matter("---\njust words\n---\n")
+    assert problems.load(SLUG).requires == [] and not problems.load(SLUG).needs_cuda
+
+
+def test_check_verdicts_say_what_is_wrong():
+    def result(*outcomes, hidden=True):
+        return RunResult(SLUG, "x.py", hidden, [Case(f"t{i}", o, "why") for i, o in enumerate(outcomes)])
+    assert report.check_verdict(True, result("pass", "not graded")) == "ok"
+    assert report.check_verdict(True, result("pass", "fail")).startswith("WRONG: the reference fails t1")
+    assert report.check_verdict(True, result("not graded")) == "WRONG: nothing was graded"
+    assert report.check_verdict(False, result("pass", "not graded")) == "WRONG: passes every graded case"
+    assert report.check_verdict(False, result("pass", "fail")) == "ok"
+    assert report.check_verdict(True, result("pass", hidden=False)).startswith("WRONG: no hidden tests")
+    assert not result("not graded").ok and not result().ok and result("pass", "not graded").ok
