@@ -5,7 +5,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.layers.linear import ColumnParallelLinear, QKVParallelLinear
-from course_lib.layers.quant import (Fp8Block, Int8PerChannel, dequantize_fp8_block,
+from course_lib.layers.quant import (Fp8Block, Int8PerChannel, dequantize_fp8_block, discard_staged_weights,
                                      dequantize_int8_per_channel, fp8_block_matmul, kernel_tensors,
                                      process_weights_after_loading, quantize_fp8_block,
                                      quantize_int8_per_channel, scaled_mm_block_fp8_works)
@@ -111,9 +111,13 @@ def test_a_fused_layer_missing_a_shard_is_refused_before_any_change():
         process_weights_after_loading(layer)
     assert torch.equal(layer.qweight, before[0]) and torch.equal(layer.weight_scale, before[1])
     assert layer.staging is None  # the half-made update was dropped, not kept for later
+    layer.weight.weight_loader(layer.weight, torch.randn(32, 64), "v")
+    assert discard_staged_weights(layer) == 1 and layer.staging is None  # what a failed update calls
+    process_weights_after_loading(layer)
+    assert torch.equal(layer.qweight, before[0]) and torch.equal(layer.weight_scale, before[1])
 
 
-def test_shape_mismatch_names_the_parameter(make_ckpt):
+def test_shape_mismatch_names_the_parameter():
     layer = QKVParallelLinear(64, 16, 4, 2, quant_method=Fp8Block())
     layer.weight.param_name = "model.layers.0.self_attn.qkv_proj.weight"
     with pytest.raises(ValueError, match=r"qkv_proj.weight\[k\].*\(33, 64\)"):

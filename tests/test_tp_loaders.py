@@ -16,7 +16,8 @@ TP = 2
 
 def load_rank(config: ModelConfig, state: dict, rank: int, tp_size: int = TP, quantization=None):
     model = Qwen3ForCausalLM(config, tp_rank=rank, tp_size=tp_size, quantization=quantization)
-    assert model.load_weights(state.items()) == set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    tied_head = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    assert model.load_weights(state.items()) == set(state) - tied_head
     process_weights_after_loading(model)
     return model
 
@@ -111,15 +112,15 @@ def test_quantized_column_shards_equal_slices_of_the_full_quantization():
     quantized full tensor (a row-parallel shard sees part of each row: its scales differ)."""
     config = preset("tiny")
     state = random_state_dict(config, seed=8)
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     full = load_rank(config, state, 0, tp_size=1, quantization="int8")
     for r in range(TP):
         model = load_rank(config, state, r, quantization="int8")
-        for name in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
-            mine, whole = model.get_submodule(f"model.layers.0.{name}"), full.get_submodule(f"model.layers.0.{name}")
-            rows = torch.cat([part(t, r) for t in whole.qweight.split(
-                [config.num_attention_heads * config.head_dim] + [config.num_key_value_heads * config.head_dim] * 2
-                if "qkv" in name else [config.intermediate_size] * 2)])
-            assert torch.equal(mine.qweight, rows), name
+        for name, sizes in (("self_attn.qkv_proj", [q, kv, kv]), ("mlp.gate_up_proj", [config.intermediate_size] * 2)):
+            whole = full.get_submodule(f"model.layers.0.{name}")
+            mine = model.get_submodule(f"model.layers.0.{name}")
+            assert torch.equal(mine.qweight, torch.cat([part(t, r) for t in whole.qweight.split(sizes)])), name
+            assert torch.equal(mine.weight_scale, torch.cat([part(t, r) for t in whole.weight_scale.split(sizes)]))
         down = model.get_submodule("model.layers.0.mlp.down_proj")
         expected, _ = quantize_int8_per_channel(part(state["model.layers.0.mlp.down_proj.weight"], r, dim=1))
         assert torch.equal(down.qweight, expected)

@@ -220,7 +220,7 @@ def fp8_block_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
     column-major, hence the transposes.
     """
     m, k = x.shape
-    groups = x.float().view(m, k // FP8_BLOCK, FP8_BLOCK)
+    groups = x.float().reshape(m, k // FP8_BLOCK, FP8_BLOCK)
     amax = groups.abs().amax(dim=-1)
     x_scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     xq = (groups / x_scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(m, k)
@@ -240,7 +240,7 @@ def scaled_mm_block_fp8_works(device: torch.device, dtype: torch.dtype) -> bool:
         y = fp8_block_matmul(x.to(dtype), q, s, dtype).float()
         ref = x @ dequantize_fp8_block(q, s).T
         return bool(((y - ref).norm() / ref.norm()) < 0.1)
-    except (RuntimeError, NotImplementedError, TypeError):
+    except Exception:  # any failure (unsupported GPU, layout, cuBLAS build) means: dequantize instead
         return False
 
 
@@ -267,14 +267,23 @@ def process_weights_after_loading(model: nn.Module) -> list[str]:
     for name, m in staged:
         missing = [s for s in m.shard_ids if s not in m.staged_shards]
         if missing:
-            for _, other in staged:
-                other.staging, other.staged_shards = None, set()
+            discard_staged_weights(model)
             raise ValueError(f"{name}: received shards {sorted(map(str, m.staged_shards))} but not "
                              f"{[str(s) for s in missing]}; a quantized fused layer is requantized "
                              f"whole, so an update must send all of its shards")
     for _, m in layers:
         m.quant_method.process_weights_after_loading(m)
     return [name for name, _ in staged]
+
+
+def discard_staged_weights(model: nn.Module) -> int:
+    """Drop every staged (loaded but not yet processed) weight; returns how many. For an
+    update that failed after its loaders ran: the kernel tensors were never touched, and a
+    later processing must not pick up the half-made update."""
+    staged = [m for m in model.modules() if getattr(m, "staging", None) is not None]
+    for m in staged:
+        m.staging, m.staged_shards = None, set()
+    return len(staged)
 
 
 def kernel_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
