@@ -64,7 +64,8 @@ def cmd_test(args) -> int:
                          "first, or pass --file PATH")
     result = run(problem, path, timeout=args.timeout, select=args.k)
     if args.json:
-        print(json.dumps(result.to_json(), indent=1))
+        hidden = f"from {_rel(problem.hidden_dir())}" if result.hidden else report.HIDDEN_ABSENT
+        print(json.dumps({**result.to_json(), "hidden_tests": hidden}, indent=1))
     else:
         report.print_run(result, _rel(problem.hidden_dir()))
     return 0 if result.ok else 1

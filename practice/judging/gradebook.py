@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from judging.problems import Problem
+from judging.problems import HIDDEN_ABSENT, Problem
 from judging.run import run
 
 FIELDS = ["learner", "problem", "case", "result", "message", "seconds"]
@@ -34,6 +34,9 @@ def _read(path: Path) -> bytes | None:
 def grade(submissions: Path, problems: list[Problem], *, timeout: float, progress=print) -> list[dict]:
     """Rows of the gradebook, one per (learner, problem, case); a missing file is one 'not submitted' row."""
     files = snapshot(submissions, problems)
+    for problem in problems:
+        if not problem.hidden_files():
+            progress(f"{problem.slug}: {HIDDEN_ABSENT}")
     rows = []
     for who, by_slug in files.items():
         for problem in problems:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 PRACTICE = Path(__file__).resolve().parent.parent
 PROBLEMS = PRACTICE / "problems"
+# What the judge says when this edition has no hidden tests for a problem.
+HIDDEN_ABSENT = "hidden tests: not present in this edition (public tests only)"
 # Files of a problem directory that are never tests or test support.
 NOT_SUPPORT = {"problem.md", "starter.py", "solution.py"}
 

@@ -1,9 +1,8 @@
 """Words for results: one line per case, then a score line that never counts an ungraded case."""
 from __future__ import annotations
 
+from judging.problems import HIDDEN_ABSENT
 from judging.run import Case, RunResult
-
-HIDDEN_ABSENT = "hidden tests: not present in this edition (public tests only)"
 
 
 def case_line(case: Case) -> str:

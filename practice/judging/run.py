@@ -136,7 +136,10 @@ def _run_limited(cmd, cwd, env, timeout):
 
 def _kill_group(proc):
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.poll() is None:  # Windows: no process groups here, so stop the run itself
+            proc.kill()
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -87,15 +87,23 @@ def test_quantize_random_shapes(candidate, kind):
 
 
 def layer_holding(w: np.ndarray, device="cpu") -> Int8Layer:
+    """A cold start on w: the layer an engine would build from this weight (used after the candidate ran)."""
     q, s = reference(w)
     return Int8Layer(torch.from_numpy(q).to(device), torch.from_numpy(s).to(device))
+
+
+def random_layer(rows: int, cols: int, device="cpu") -> Int8Layer:
+    """A layer holding some earlier version: random int8 values and positive scales, no reference needed."""
+    q = torch.from_numpy(RNG.integers(-127, 128, (rows, cols), dtype=np.int8))
+    s = torch.from_numpy(RNG.uniform(1e-3, 1.0, rows).astype(np.float32))
+    return Int8Layer(q.to(device), s.to(device))
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
 def test_hot_update_random_equals_cold_start(candidate, kind):
     rows, cols = random_shape()
-    old, new = random_weight(rows, cols), random_weight(rows, cols)
-    layer = layer_holding(old)
+    new = random_weight(rows, cols)
+    layer = random_layer(rows, cols)
     q_obj, s_obj = layer.qweight, layer.scale
     q_where, s_where = storage_of(q_obj), storage_of(s_obj)
     candidate.hot_update(layer, as_kind(new, kind))
@@ -129,7 +137,7 @@ WRONG_SHAPES = {
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
 def test_hot_update_rejects_wrong_shape_and_changes_nothing(candidate, name, kind):
     rows, cols = random_shape()
-    layer = layer_holding(random_weight(rows, cols))
+    layer = random_layer(rows, cols)
     q_before, s_before = layer.qweight.clone(), layer.scale.clone()
     q_where, s_where = storage_of(layer.qweight), storage_of(layer.scale)
     shape = WRONG_SHAPES[name](rows, cols)
@@ -158,7 +166,7 @@ def captured_storage(layer):
 def test_captured_reader_sees_the_update_on_cpu(candidate, capture):
     rows, cols = random_shape()
     new = random_weight(rows, cols)
-    layer = layer_holding(random_weight(rows, cols))
+    layer = random_layer(rows, cols)
     replay = capture(layer)
     candidate.hot_update(layer, torch.from_numpy(new))
     x = torch.from_numpy(RNG.standard_normal((2, cols)).astype(np.float32))
@@ -173,7 +181,7 @@ def test_captured_reader_sees_the_update_on_cpu(candidate, capture):
 def test_cuda_graph_replay_sees_the_update(candidate):
     rows, cols = random_shape()
     new = random_weight(rows, cols)
-    layer = layer_holding(random_weight(rows, cols), device="cuda")
+    layer = random_layer(rows, cols, device="cuda")
     x = torch.randn(4, cols, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -3,7 +3,6 @@
 The file under test arrives as the ``candidate`` fixture (the judge loads it), so these
 tests do not care what your file is called.
 """
-import numpy as np
 import pytest
 import torch
 
