@@ -35,3 +35,31 @@ def prompt_logits(engine, input_ids: list[int]) -> torch.Tensor:
 def greedy_tokens(engine, prompts: list[str], max_new_tokens: int = 8) -> list[list[int]]:
     out = engine.generate(prompts, {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True})
     return [o["output_ids"] for o in out]
+
+
+def cold_engine_like(engine, checkpoint_path):
+    """A new engine on ``checkpoint_path`` built with ``engine``'s own options."""
+    from course_lib import Engine
+    return Engine(checkpoint_path, **engine.init_options)
+
+
+def assert_hot_equals_cold(engine, checkpoint_path, prompts: list[str], max_new_tokens: int = 8,
+                           cold=None) -> None:
+    """The first contract: ``engine`` (hot-updated) computes exactly what an engine
+    cold-started on ``checkpoint_path`` computes: bitwise-equal prompt logits and equal
+    greedy tokens (through the decode path, CUDA graphs included when enabled)."""
+    cold = cold or cold_engine_like(engine, checkpoint_path)
+    for prompt in prompts:
+        ids = engine.tokenizer.encode(prompt)
+        hot_logits, cold_logits = prompt_logits(engine, ids), prompt_logits(cold, ids)
+        if not torch.equal(hot_logits, cold_logits):
+            diff = (hot_logits - cold_logits).abs().max().item()
+            raise AssertionError(f"hot != cold: prompt logits differ for {prompt!r} (max abs diff {diff:.3e})")
+    hot_tokens, cold_tokens = greedy_tokens(engine, prompts, max_new_tokens), greedy_tokens(cold, prompts, max_new_tokens)
+    if hot_tokens != cold_tokens:
+        raise AssertionError(f"hot != cold: greedy tokens differ: {hot_tokens} vs {cold_tokens}")
+
+
+def assert_addresses_unchanged(engine) -> None:
+    """The second contract: no tensor a kernel reads has moved since the engine started."""
+    engine.verify_addresses()

@@ -12,6 +12,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 status=0
 python -m pytest -m cuda -p no:cacheprovider -q -rA --continue-on-collection-errors 2>&1 | tee "$out/pytest_cuda.log" || status=1
+# The judge's CUDA cases (graded here, "not graded" on CPU machines).
+python practice/judge.py check 2>&1 | tee "$out/judge_check.log" || status=1
 python -m course_lib.bench decode --preset qwen3-0.6b --batch 1 8 --json "$out/decode_qwen3-0.6b.json" || status=1
 python -m course_lib.bench decode --preset qwen3-8b --batch 1 8 --json "$out/decode_qwen3-8b.json" || status=1
 exit $status

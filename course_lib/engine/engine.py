@@ -20,6 +20,9 @@ from course_lib.layers.quant import process_weights_after_loading
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.tokenizer import ByteTokenizer
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
+from course_lib.engine.hot_update import EngineBusyError, EnginePausedError, HotUpdateMixin  # noqa: F401
+from course_lib.weights.audit import AddressAudit
+
 
 
 @contextlib.contextmanager
@@ -68,7 +71,7 @@ def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_ran
     return model.eval()
 
 
-class Engine:
+class Engine(HotUpdateMixin):
     """A hot-updatable inference engine for Qwen3-style checkpoints."""
 
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
@@ -77,6 +80,12 @@ class Engine:
                  enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
                  quantization: str | None = None):
         t0 = time.perf_counter()
+        # What a cold restart would be built with (the hot == cold oracle rebuilds from it).
+        self.init_options = dict(device=device, dtype=dtype, enable_cuda_graph=enable_cuda_graph,
+                                 max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
+                                 num_kv_blocks=num_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
+                                 enable_prefix_caching=enable_prefix_caching, seed=seed,
+                                 cuda_graph_batch_sizes=cuda_graph_batch_sizes, quantization=quantization)
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but torch sees no GPU")
         self.model_path = str(model_path)
@@ -104,10 +113,22 @@ class Engine:
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.model_runner = ModelRunner(self.model, self.model_config, self.config, num_kv_blocks)
         self.timings["kv_and_graphs_s"] = time.perf_counter() - t1
+        # Recorded after graph capture: from here on no kernel-read tensor may move.
+        self.address_audit = AddressAudit.record(self.model, self._audited_extras())
+        self.unhealthy: str | None = None  # why the engine must not serve, if it must not
         self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_id)
         self.tokenizer = ByteTokenizer.from_config(self.model_config)
         self.seed = seed
         self.weight_version = "default"
+        self.weight_update_count = 0
+        self.paused = False
+        self.pause_mode: str | None = None
+        self.pause_stats: list[dict] = []   # one record per pause: what it cost (see pause_generation)
+        self.update_history: list[dict] = []
+        self._weight_groups: dict = {}      # torch.distributed groups a trainer broadcasts on
+        self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
+        self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
+        self.step_log: list[dict] = []      # per step: which requests ran, prefill or decode, which version
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.num_requests = 0
         self.num_steps = 0
@@ -117,6 +138,9 @@ class Engine:
     def add_request(self, prompt: str | None = None, sampling_params=None, input_ids=None,
                     rid: str | None = None) -> str:
         """Queue one request; returns its id. Raises ValueError for a prompt that cannot fit."""
+        self._check_healthy()
+        if self.paused:
+            raise EnginePausedError("generation is paused for a weight update; retry after continue_generation()")
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
         ids = self.tokenizer.encode(prompt) if prompt is not None else [int(t) for t in input_ids]
@@ -146,14 +170,28 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[dict]:
-        """One engine step; returns the outputs of requests that finished in it."""
+        """One engine step; returns the outputs of requests that finished in it (and of
+        requests aborted since the last step). While paused, only ``wait`` mode runs."""
+        outputs, self._pending = self._pending, []
+        self._check_healthy()
+        if self.paused and self.pause_mode != "wait":
+            return outputs
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
-            return []
+            return outputs
+        if is_prefill:
+            for seq in seqs:
+                computed = seq.num_tokens - seq.num_cached_tokens
+                self.num_prefill_tokens += computed
+                if seq.retract_record is not None:  # measured, not predicted: what retract cost
+                    seq.retract_record["reprefill_tokens"] += computed
+                    seq.retract_record = None
         token_ids = self.model_runner.run(seqs, is_prefill)
         finished = self.scheduler.postprocess(seqs, token_ids, self.weight_version)
+        self.step_log.append({"step": self.num_steps, "prefill": is_prefill, "version": self.weight_version,
+                              "rids": [s.rid for s in seqs]})
         self.num_steps += 1
-        return [self._output(seq) for seq in finished]
+        return outputs + [self._output(seq) for seq in finished]
 
     def _output(self, seq: Sequence) -> dict:
         self.requests.pop(seq.rid, None)

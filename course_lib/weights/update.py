@@ -73,9 +73,9 @@ def stage_from_disk(reader: CheckpointReader, names: Iterable[str] | None = None
     return staged
 
 
-def commit(model, staged: dict[str, torch.Tensor], device) -> None:
-    """Copy staged tensors into the live parameters through the model's loaders."""
-    model.load_weights((name, t.to(device, non_blocking=True)) for name, t in staged.items())
+def commit(model, named_tensors, device) -> None:
+    """Copy validated (name, tensor) pairs into the live parameters through the model's loaders."""
+    model.load_weights((name, t.to(device, non_blocking=True)) for name, t in named_tensors)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 

@@ -1,0 +1,337 @@
+"""Hot updates between engine steps: pausing, flushing, versions, and the update itself.
+
+``HotUpdateMixin`` is the part of ``Engine`` that changes weights while it serves
+(SGLang's offline-engine names). The order of an update, and the contracts it keeps:
+
+1. requests in flight are handled by the pause mode (abort / wait / keep / retract);
+2. the new weights are validated and staged before anything live changes;
+3. they are committed through the model's own loaders, in place, then post-processed;
+4. the address audit proves no kernel-read tensor moved;
+5. the version and the prefix-cache salt change (old cache entries can never match);
+6. every phase is timed and the pause's costs are counted.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from course_lib.layers.quant import process_weights_after_loading
+from course_lib.weights.audit import AddressMovedError
+from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.transports import dist as dist_transport
+from course_lib.weights.update import (PhaseTimer, UpdateError, commit, load_and_validate, stage_from_disk,
+                                       validate_tensors)
+
+# Pause modes and their SGLang / vLLM names.
+PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep", "retract": "retract"}
+
+
+class EnginePausedError(RuntimeError):
+    """New work refused while generation is paused for an update; retry after continue."""
+    retryable = True
+
+
+class EngineBusyError(RuntimeError):
+    """An update while requests are in flight and generation is not paused."""
+    retryable = False
+
+
+def new_pause_record(mode: str) -> dict:
+    """What one pause cost, filled in as it happens (measured, not predicted)."""
+    return {"mode": mode, "aborted_requests": 0, "discarded_tokens": 0, "retracted_requests": 0,
+            "reprefill_tokens": 0, "wait_s": 0.0, "mixed_requests": 0, "kv_fresh": True,
+            "updates": 0, "resume_ms": 0.0}
+
+
+def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """Turn whatever ``update_weights_from_tensor`` was given into (name, tensor) pairs."""
+    if load_format not in (None, "flattened_bucket", "direct"):
+        raise UpdateError(f"unknown load_format {load_format!r}; expected None or 'flattened_bucket'")
+    if isinstance(payload, list) and payload and all(isinstance(p, (str, bytes)) for p in payload):
+        if tp_rank >= len(payload):
+            raise UpdateError(f"payload has {len(payload)} per-rank entries; this engine is rank {tp_rank}")
+        payload = payload[tp_rank]
+    if isinstance(payload, (str, bytes)):
+        payload = safe_pickle.deserialize(payload)  # raises UnsafePickleError (a ValueError)
+    if load_format == "flattened_bucket":
+        try:
+            return bucket.unpack(payload)
+        except bucket.BucketError as exc:
+            raise UpdateError(f"bad flattened bucket: {exc}") from exc
+    if isinstance(payload, dict):
+        payload = list(payload.items())
+    if not isinstance(payload, (list, tuple)):
+        raise UpdateError(f"expected (name, tensor) pairs, got {type(payload).__name__}")
+    pairs = []
+    for item in payload:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise UpdateError("every entry must be a (name, tensor) pair")
+        pairs.append((item[0], item[1]))
+    return pairs
+
+
+class HotUpdateMixin:
+    def pause_generation(self, mode: str = "abort") -> dict:
+        """Stop generating so weights can change between two steps. In-flight requests:
+
+        - ``abort``: finish now with ``finish_reason {"type": "abort"}``; their tokens are discarded;
+        - ``wait``: keep running until done; an update waits for them (new requests are refused);
+        - ``keep`` (``in_place``): frozen; after the update they continue on the new weights
+          with the KV the old weights computed;
+        - ``retract``: back to the queue with their KV freed; re-prefilled (prompt plus
+          generated tokens) on the new weights after ``continue_generation``.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"unknown pause mode {mode!r}; expected one of {sorted(PAUSE_MODES)}")
+        mode = PAUSE_MODES[mode]
+        if self.paused:
+            if mode != self.pause_mode:
+                raise ValueError(f"already paused in {self.pause_mode!r} mode; continue_generation() first")
+            return {"paused": True, "mode": mode, "num_aborted_requests": 0}
+        record = new_pause_record(mode)
+        self.pause_stats.append(record)
+        aborted = 0
+        if mode == "abort":
+            aborted = self._abort_all("aborted by pause_generation", record)
+        elif mode == "retract":
+            for seq in reversed(list(self.scheduler.running)):  # reversed: keeps their order at the queue's head
+                self.scheduler.preempt(seq, out_of_memory=False)
+                seq.retract_record = record
+                record["retracted_requests"] += 1
+        self.paused, self.pause_mode = True, mode
+        return {"paused": True, "mode": mode, "num_aborted_requests": aborted}
+
+    def _abort_all(self, message: str, record: dict) -> int:
+        seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in seqs:
+            record["discarded_tokens"] += seq.num_completion_tokens
+            self.scheduler.finish(seq, {"type": "abort", "message": message})
+            self._pending.append(self._output(seq))
+        record["aborted_requests"] += len(seqs)
+        return len(seqs)
+
+    def continue_generation(self) -> dict:
+        """Resume: frozen and retracted requests go on with the current weights."""
+        t0 = time.perf_counter()
+        if self.paused:
+            self.paused, self.pause_mode = False, None
+            if torch.device(self.config.device).type == "cuda":
+                torch.cuda.empty_cache()  # return the update's temporaries (as SGLang does)
+            self.pause_stats[-1]["resume_ms"] = 1e3 * (time.perf_counter() - t0)
+        return {"paused": False}
+
+    def flush_cache(self) -> bool:
+        """Forget every prefix-cache entry. Refused (False, nothing changed) while requests
+        are being served. While paused in abort, keep or retract mode it is allowed: the
+        queued requests hold no cache entries, and dropping entries never touches the KV
+        of a frozen request (the deadlock of SGLang #22620 cannot happen here)."""
+        serving = bool(self.scheduler.running or self.scheduler.waiting)
+        if serving and (not self.paused or self.pause_mode == "wait"):
+            return False
+        self.last_flush_entries = self.block_manager.flush()
+        return True
+
+    def _audited_extras(self) -> dict:
+        extras = {"kv_cache": self.model_runner.kv_cache}
+        for bs, out in getattr(self.model_runner, "graph_outputs", {}).items():
+            extras[f"cuda_graph_logits[{bs}]"] = out
+        return extras
+
+    def verify_addresses(self) -> None:
+        """Raise AddressMovedError (and stop serving) if a tensor kernels read has moved."""
+        try:
+            self.address_audit.verify(self.model, self._audited_extras())
+        except AddressMovedError as exc:
+            self.unhealthy = str(exc)
+            raise
+
+    def _check_healthy(self) -> None:
+        if self.unhealthy:
+            raise RuntimeError(f"engine is unhealthy and refuses work until restarted: {self.unhealthy}")
+
+    def health(self) -> dict:
+        return {"healthy": self.unhealthy is None, "reason": self.unhealthy, "paused": self.paused,
+                "weight_version": self.weight_version}
+
+    def get_weight_version(self) -> str:
+        return self.weight_version
+
+    def update_weight_version(self, new_version: str) -> dict:
+        self.weight_version = str(new_version)
+        return {"success": True, "new_version": self.weight_version}
+
+    def live_kv_is_fresh(self) -> bool:
+        """True when every live KV block was computed by the current weights."""
+        return all(seq.kv_epoch == self.weight_update_count
+                   for seq in self.scheduler.running if seq.block_table)
+
+    def update_weights_from_disk(self, model_path, weight_version: str | None = None, flush_cache: bool = True,
+                                 abort_all_requests: bool = False, partial: bool = False,
+                                 wait_timeout_s: float = 600.0) -> dict:
+        """Load new weights from an HF checkpoint dir, in place, between two steps.
+
+        Validates everything first (structure, names, shapes, dtypes) and reads all data
+        before the first live byte changes: a bad checkpoint raises ``UpdateError`` and
+        leaves the weights, the version and every request untouched. Returns SGLang's
+        fields plus ``timings_ms`` per phase and ``bytes``.
+        """
+        timer = PhaseTimer()
+        self._refuse_if_busy(abort_all_requests)
+        reader, nbytes = load_and_validate(self.model_config, model_path, partial)
+        timer.lap("validate")
+        staged = stage_from_disk(reader)
+        timer.lap("load")
+        return self._commit_update(staged.items(), nbytes, timer, weight_version, flush_cache,
+                                   abort_all_requests, wait_timeout_s, f"updated from {reader.path}")
+
+    def update_weights_from_tensor(self, named_tensors, load_format: str | None = None, flush_cache: bool = True,
+                                   weight_version: str | None = None, abort_all_requests: bool = False,
+                                   wait_timeout_s: float = 600.0) -> dict:
+        """Load tensors handed over in memory (a co-located trainer), in place.
+
+        ``named_tensors``: (name, tensor) pairs or a {name: tensor} dict; or, with
+        ``load_format="flattened_bucket"``, a bucket {"flattened_tensor", "metadata"}; or
+        either of those serialized (base64 text or bytes, as SGLang clients send; a list
+        holds one payload per tensor-parallel rank). Serialized payloads are unpickled
+        through an allowlist. Each call is one chunk: validated whole, then applied; names
+        are checkpoint names and any subset may come. An empty chunk changes nothing
+        (only ``weight_version``, when given, is recorded).
+        """
+        timer = PhaseTimer()
+        self._refuse_if_busy(abort_all_requests)
+        tensors = decode_tensor_payload(named_tensors, load_format, tp_rank=getattr(self.model, "tp_rank", 0))
+        if not tensors:
+            if weight_version is not None:
+                self.weight_version = str(weight_version)
+            return {"success": True, "message": "empty update: nothing to apply",
+                    "weight_version": self.weight_version, "weight_update_count": self.weight_update_count,
+                    "bytes": 0, "elapsed_ms": 0.0, "timings_ms": {}}
+        meta = {name: (tuple(t.shape), t.dtype) for name, t in tensors}
+        if len(meta) != len(tensors):
+            raise UpdateError("the update names a tensor more than once")
+        nbytes = validate_tensors(self.model_config, meta, partial=True)
+        timer.lap("validate")
+        return self._commit_update(tensors, nbytes, timer, weight_version, flush_cache,
+                                   abort_all_requests, wait_timeout_s, f"updated {len(tensors)} tensors")
+
+    # ---- torch.distributed groups (the trainer broadcasts, the engine receives) ---------
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str | None = None) -> dict:
+        """Join the trainer's weight-update group as rank ``rank_offset + tp_rank`` (blocks
+        until every rank has joined). ``backend``: "nccl" on GPU, "gloo" on CPU by default."""
+        groups = self._weight_groups
+        if group_name in groups:
+            raise ValueError(f"weight-update group {group_name!r} already exists; destroy it first")
+        backend = backend or ("nccl" if torch.device(self.config.device).type == "cuda" else "gloo")
+        rank = rank_offset + getattr(self.model, "tp_rank", 0)
+        groups[group_name] = dist_transport.new_group(master_address, master_port, rank, world_size,
+                                                      group_name, backend)
+        return {"success": True, "message": f"joined {group_name!r} as rank {rank} of {world_size} ({backend})"}
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
+        if self._weight_groups.pop(group_name, None) is None:
+            raise ValueError(f"no weight-update group named {group_name!r}")
+        return {"success": True, "message": f"destroyed {group_name!r}"}
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name: str = "weight_update_group",
+                                        flush_cache: bool = True, weight_version: str | None = None,
+                                        load_format: str | None = None, abort_all_requests: bool = False,
+                                        wait_timeout_s: float = 600.0) -> dict:
+        """Receive tensors the trainer broadcasts (rank 0) and load them in place.
+
+        ``load_format="flattened_bucket"``: all named tensors arrive as one byte buffer;
+        otherwise one broadcast per tensor (SGLang's default). The bytes are received even
+        when the update is refused (busy, unknown name, wrong shape): the trainer is
+        already sending, and a receiver that walked away would leave it hanging.
+        """
+        group = self._weight_groups.get(group_name)
+        if group is None:
+            raise ValueError(f"no weight-update group named {group_name!r}; call init_weights_update_group first")
+        timer = PhaseTimer()
+        try:
+            dtypes = [getattr(torch, str(d).removeprefix("torch.")) for d in dtypes]
+            assert all(isinstance(d, torch.dtype) for d in dtypes)
+        except (AttributeError, AssertionError):
+            raise UpdateError(f"unknown dtype in {dtypes}") from None
+        refusal = None
+        try:
+            self._refuse_if_busy(abort_all_requests)
+            if len(set(names)) != len(names):
+                raise UpdateError("the update names a tensor more than once")
+            nbytes = validate_tensors(self.model_config, {n: (tuple(s), d) for n, s, d in zip(names, shapes, dtypes)},
+                                      partial=True)
+        except (UpdateError, RuntimeError) as exc:
+            refusal = exc
+        timer.lap("validate")
+        device = self.config.device
+        if load_format == "flattened_bucket":
+            tensors = dist_transport.receive_bucket(group[0], names, dtypes, shapes, device)
+        else:
+            tensors = []
+            for n, d, shape in zip(names, dtypes, shapes):
+                t = torch.empty(tuple(shape), dtype=d, device=device)
+                dist_transport.broadcast_async(group[0], t).wait()
+                tensors.append((n, t))
+        timer.lap("transfer")
+        if refusal is not None:
+            raise refusal
+        return self._commit_update(tensors, nbytes, timer, weight_version, flush_cache, abort_all_requests,
+                                   wait_timeout_s, f"received {len(tensors)} tensors over {group_name!r}")
+
+    def _refuse_if_busy(self, abort_all_requests: bool) -> None:
+        in_flight = len(self.scheduler.running) + len(self.scheduler.waiting)
+        if in_flight and not self.paused and not abort_all_requests:
+            raise EngineBusyError(f"{in_flight} requests in flight and generation is not paused: "
+                                  f"call pause_generation(mode) first, or pass abort_all_requests=True")
+
+    def _commit_update(self, named_tensors, nbytes: int, timer: PhaseTimer, weight_version, flush_cache: bool,
+                       abort_all_requests: bool, wait_timeout_s: float, message: str) -> dict:
+        """Everything after validation: requests, in-place copy, audit, version, cache."""
+        if self.paused:
+            record = self.pause_stats[-1]
+        else:
+            in_flight = bool(self.scheduler.running or self.scheduler.waiting)
+            record = new_pause_record("abort" if in_flight else "none")
+            self.pause_stats.append(record)
+        if abort_all_requests:
+            self._abort_all("aborted by a weight update (abort_all_requests=True)", record)
+        if self.paused and self.pause_mode == "wait":
+            self._drain(wait_timeout_s, record)
+            timer.lap("wait")
+        commit(self.model, named_tensors, self.config.device)
+        process_weights_after_loading(self.model)
+        timer.lap("copy")
+        self.verify_addresses()
+        timer.lap("audit")
+        self.weight_update_count += 1
+        self.block_manager.salt = self.weight_update_count  # old prefix entries can never match again
+        if weight_version is not None:
+            self.weight_version = str(weight_version)
+        cleared = self.block_manager.flush() if flush_cache else 0
+        timer.lap("flush")
+        survivors = list(self.scheduler.running) + list(self.scheduler.waiting)
+        # Several chunks may land in one pause: a request is mixed once, however many chunks.
+        record["mixed_requests"] = max(record["mixed_requests"],
+                                       sum(1 for s in survivors if s.num_completion_tokens > 0))
+        record["kv_fresh"] = record["kv_fresh"] and self.live_kv_is_fresh()
+        record["updates"] += 1
+        result = {"success": True, "message": message,
+                  "weight_version": self.weight_version, "weight_update_count": self.weight_update_count,
+                  "num_paused_requests": len(survivors), "entries_cleared": cleared, "bytes": nbytes,
+                  "elapsed_ms": sum(timer.ms.values()), "timings_ms": timer.ms}
+        self.update_history.append(result)
+        return result
+
+    def _drain(self, timeout_s: float, record: dict) -> None:
+        """``wait`` mode: run the in-flight requests to completion before the update."""
+        t0 = time.perf_counter()
+        while self.scheduler.running or self.scheduler.waiting:
+            if time.perf_counter() - t0 > timeout_s:
+                record["wait_s"] += time.perf_counter() - t0
+                raise TimeoutError(f"in-flight requests did not finish within {timeout_s} s; "
+                                   f"the weights were not changed")
+            self._pending += self.step()
+        record["wait_s"] += time.perf_counter() - t0
+

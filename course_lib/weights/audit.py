@@ -1,0 +1,75 @@
+"""The address audit: every tensor a kernel reads must keep its storage across updates.
+
+A captured CUDA graph replays kernels with the pointers it saw at capture time. If an
+update rebinds a parameter (``param.data = new``) instead of copying into it, the graph
+keeps reading the old memory: wrong outputs, no error. The audit records each tensor's
+storage address, shape, dtype and device when the engine starts (after graph capture)
+and checks them after every update; a difference is an error that names the tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class AddressMovedError(RuntimeError):
+    """A tensor that kernels read changed storage, shape, dtype or device."""
+
+
+@dataclass(frozen=True)
+class TensorAddress:
+    data_ptr: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorAddress":
+        return cls(t.data_ptr(), tuple(t.shape), t.dtype, str(t.device))
+
+
+def kernel_tensors(model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Parameters and buffers (processed weights, scales, rotary tables) plus ``extra``
+    (e.g. the KV pool). Tied parameters appear once, under their first name."""
+    seen, out = set(), {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[name] = t
+    out.update(extra or {})
+    return out
+
+
+class AddressAudit:
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.recorded = {name: TensorAddress.of(t) for name, t in tensors.items()}
+
+    @classmethod
+    def record(cls, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> "AddressAudit":
+        return cls(kernel_tensors(model, extra))
+
+    def violations(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> list[str]:
+        """One line per tensor whose address (or shape, dtype, device) differs, or that vanished."""
+        now = kernel_tensors(model, extra)
+        lines = []
+        for name, before in self.recorded.items():
+            if name not in now:
+                lines.append(f"{name}: no longer present")
+                continue
+            after = TensorAddress.of(now[name])
+            for field in ("data_ptr", "shape", "dtype", "device"):
+                if getattr(before, field) != getattr(after, field):
+                    was, became = getattr(before, field), getattr(after, field)
+                    if field == "data_ptr":
+                        was, became = hex(was), hex(became)
+                    lines.append(f"{name}: {field} changed from {was} to {became}")
+        return lines
+
+    def verify(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> None:
+        lines = self.violations(model, extra)
+        if lines:
+            raise AddressMovedError(
+                f"{len(lines)} tensors read by kernels moved (a captured CUDA graph would read stale "
+                f"memory; updates must copy in place): " + "; ".join(lines[:5]))

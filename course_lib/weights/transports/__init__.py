@@ -1,0 +1,1 @@
+"""Ways new weights reach the engine: in-memory handles (ipc), torch.distributed broadcast (dist)."""

@@ -1,0 +1,126 @@
+"""Weights over a torch.distributed group: the trainer (rank 0) broadcasts, engines receive.
+
+Both sides build their own process group straight from a TCP store (no global default
+group, so a trainer's training groups and this one never mix); gloo on CPU, NCCL on GPUs.
+The trainer packs tensors into fixed-size byte buffers used in turn (two by default):
+while one buffer is on the wire, the next bucket is packed into the other, so packing
+overlaps sending. Before each bucket it tells the engines what is coming (names, dtypes,
+shapes: SGLang's ``update_weights_from_distributed`` fields), so they can validate and
+allocate a receive buffer of the right size.
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from course_lib.weights import bucket
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+
+
+def new_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+              backend: str, timeout_s: float = 300.0):
+    """A process group of its own, rendezvousing through a TCP store hosted by rank 0."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0),
+                          timeout=timeout, wait_for_workers=False)
+    store = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        return dist.ProcessGroupGloo(store, rank, world_size, opts), store
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world_size, opts), store
+
+
+def broadcast_async(group, tensor: torch.Tensor, root: int = 0):
+    """Start a broadcast of ``tensor`` from ``root`` on a backend object; returns its Work."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    return group.broadcast([tensor], opts)
+
+
+def bucket_plan(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """Split tensors into buckets that each fit ``bucket_bytes`` (a larger tensor goes alone)."""
+    plan, group = [], []
+    for name, t in named_tensors:
+        if group and bucket.bucket_nbytes(group + [(name, t)]) > bucket_bytes:
+            plan.append(group)
+            group = []
+        group.append((name, t))
+    if group:
+        plan.append(group)
+    return plan
+
+
+def describe(group) -> dict:
+    """The request an engine needs before receiving this bucket (SGLang's field names)."""
+    return {"names": [n for n, _ in group], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in group],
+            "shapes": [list(t.shape) for _, t in group], "load_format": "flattened_bucket"}
+
+
+class WeightBroadcaster:
+    """The trainer's end: rank 0 of a weight-update group."""
+
+    def __init__(self, master_address: str, master_port: int, world_size: int, group_name: str = "weights",
+                 backend: str = "gloo", device="cpu", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 num_buffers: int = 2):
+        self.group, self._store = new_group(master_address, master_port, 0, world_size, group_name, backend)
+        self.device = torch.device(device)
+        self.bucket_bytes = bucket_bytes
+        self.buffers = [torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(num_buffers)]
+        self.stats: dict = {}
+
+    def broadcast(self, named_tensors, announce: Callable[[dict], None]) -> dict:
+        """Send every tensor; ``announce(request)`` is called before each bucket goes out
+        (e.g. it posts ``/update_weights_from_distributed``). Returns timing and byte counts."""
+        plan = bucket_plan(named_tensors, self.bucket_bytes)
+        works: list = [None] * len(self.buffers)
+        t0 = time.perf_counter()
+        pack_s, nbytes = 0.0, 0
+        for i, group in enumerate(plan):
+            slot = i % len(self.buffers)
+            if works[slot] is not None:
+                works[slot].wait()  # this buffer's previous bucket has left; reuse it
+            need = bucket.bucket_nbytes(group)
+            buf = self.buffers[slot] if need <= self.bucket_bytes else torch.empty(need, dtype=torch.uint8, device=self.device)
+            tp = time.perf_counter()
+            packed = bucket.pack(group, out=buf)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream().synchronize()
+            pack_s += time.perf_counter() - tp
+            announce(describe(group))
+            works[slot] = broadcast_async(self.group, packed["flattened_tensor"])
+            nbytes += packed["flattened_tensor"].numel()
+        for w in works:
+            if w is not None:
+                w.wait()
+        total = time.perf_counter() - t0
+        self.stats = {"buckets": len(plan), "bytes": nbytes, "seconds": total, "pack_seconds": pack_s,
+                      "gb_per_s": nbytes / total / 1e9 if total else 0.0}
+        return self.stats
+
+    def close(self) -> None:
+        self.group = None
+        self._store = None
+
+
+def receive_bucket(group, names, dtypes, shapes, device) -> list[tuple[str, torch.Tensor]]:
+    """The engine's end of one bucket: allocate, receive from rank 0, unpack (views)."""
+    dtypes = [getattr(torch, d.removeprefix("torch.")) if isinstance(d, str) else d for d in dtypes]
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError("names, dtypes and shapes must have the same length")
+    meta = bucket.layout(names, dtypes, shapes)
+    flat = torch.empty(meta[-1].end_idx if meta else 0, dtype=torch.uint8, device=device)
+    broadcast_async(group, flat).wait()
+    return bucket.unpack({"flattened_tensor": flat, "metadata": meta})

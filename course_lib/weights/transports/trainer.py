@@ -1,0 +1,40 @@
+"""A stand-in trainer process that pushes a checkpoint's weights to an engine.
+
+Real RL trainers hold their weights in GPU memory after an optimizer step; here a child
+process reads them from a checkpoint instead, then hands them over exactly as a trainer
+would: IPC buckets through a queue (``push_ipc``), or a torch.distributed broadcast
+(``push_broadcast``). Module-level functions, so ``multiprocessing`` can spawn them (a
+notebook cannot spawn functions defined in itself).
+"""
+from __future__ import annotations
+
+from course_lib.weights.checkpoint import CheckpointReader
+from course_lib.weights.transports.dist import WeightBroadcaster
+from course_lib.weights.transports.ipc import BucketSender
+
+
+def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu") -> None:
+    """Put one serialized bucket at a time on ``payloads``; wait for its receipt on
+    ``acks`` before releasing its memory; finish with ``None``."""
+    tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
+    sender = BucketSender(bucket_bytes, device=device)
+    for receipt, payload in sender.payloads(tensors):
+        payloads.put((receipt, payload))
+        acked = acks.get()
+        if acked != receipt:
+            raise RuntimeError(f"acknowledged bucket {acked}, expected {receipt}")
+        sender.release(receipt)
+    payloads.put(None)
+
+
+def push_broadcast(checkpoint_path, master_port: int, announcements, bucket_bytes: int, world_size: int = 2,
+                   backend: str = "gloo", device: str = "cpu", group_name: str = "weight_update_group",
+                   results=None) -> None:
+    """Be rank 0 of a weight-update group and broadcast the checkpoint in buckets; each
+    bucket's request (names, dtypes, shapes) goes on ``announcements`` first."""
+    tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
+    sender = WeightBroadcaster("127.0.0.1", master_port, world_size, group_name, backend, device, bucket_bytes)
+    stats = sender.broadcast(tensors, announcements.put)
+    announcements.put(None)
+    if results is not None:
+        results.put(stats)
