@@ -151,3 +151,20 @@ def test_prefill_admits_up_to_max_num_seqs_in_one_step(ckpt):
         engine.add_request(p, GREEDY)
     seqs, is_prefill = engine.scheduler.schedule()
     assert is_prefill and len(seqs) == 4 and len(engine.scheduler.waiting) == 1
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_get_weights_by_name_reads_checkpoint_format_back(ckpt, quantization):
+    from course_lib.weights.checkpoint import CheckpointReader
+    engine = Engine(ckpt, quantization=quantization)
+    tensors = dict(CheckpointReader(ckpt).iter_tensors())
+    for name in ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                 "model.norm.weight", "lm_head.weight"]:
+        got = engine.get_weights_by_name(name, truncate_size=5)
+        want = tensors[name][:5]
+        if quantization and "proj" in name:
+            assert torch.allclose(got, want, atol=want.abs().max().item() / 100)  # int8 rounding
+        else:
+            assert torch.equal(got, want), name
+    with pytest.raises(KeyError):
+        engine.get_weights_by_name("model.layers.0.nope.weight")

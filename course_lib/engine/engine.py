@@ -235,6 +235,29 @@ class Engine(HotUpdateMixin):
         return [done[r] for r in rids]
 
     # ---- introspection -----------------------------------------------------------------
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> torch.Tensor:
+        """The current values of checkpoint tensor ``name`` (its first ``truncate_size``
+        rows), read back out of the engine's fused, sharded or quantized parameters
+        (dequantized for int8/fp8; this rank's shard under tensor parallelism).
+        Raises KeyError for a name the model does not have."""
+        if name == "lm_head.weight" and self.model_config.tie_word_embeddings:
+            name = "model.embed_tokens.weight"
+        target = self.model.map_checkpoint_name(name)
+        if target is None:
+            raise KeyError(f"{name!r} is not a weight of this model")
+        param_name, shard_id = target
+        module = self.model.get_submodule(param_name.rsplit(".", 1)[0])
+        method = getattr(module, "quant_method", None)
+        full = method.dequantized_weight(module) if hasattr(method, "dequantized_weight") else module.weight
+        if shard_id is not None:
+            if hasattr(module, "offsets"):          # q / k / v rows of qkv_proj
+                offset, size = module.offsets[shard_id]
+            else:                                   # gate / up rows of gate_up_proj
+                size = module.output_sizes[shard_id] // module.tp_size
+                offset = sum(module.output_sizes[:shard_id]) // module.tp_size
+            full = full.narrow(0, offset, size)
+        return full[:truncate_size].detach().clone()
+
     @property
     def prefix_cache_stats(self) -> dict:
         bm = self.block_manager
