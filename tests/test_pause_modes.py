@@ -156,7 +156,7 @@ def test_versions_and_update_result(ckpts):
     assert engine.get_weight_version() == "default"
     result = engine.update_weights_from_disk(b, weight_version="step-7")
     assert result["success"] and result["weight_version"] == "step-7" == engine.get_weight_version()
-    assert set(result["timings_ms"]) >= {"validate", "load", "copy", "flush"}
+    assert set(result["timings_ms"]) >= {"validate", "transfer", "copy", "post_process", "audit", "flush"}
     assert result["bytes"] == sum(t.numel() * t.element_size() for t in
                                   __import__("safetensors.torch").torch.load_file(f"{b}/model.safetensors").values())
     assert engine.update_weight_version("step-8") == {"success": True, "new_version": "step-8"}

@@ -151,5 +151,5 @@ def test_audit_catches_a_rebinding_updater(ckpts, monkeypatch):
 
 def test_update_result_reports_phases_and_bytes(ckpts):
     result = Engine(ckpts[0]).update_weights_from_disk(ckpts[1])
-    assert list(result["timings_ms"]) == ["validate", "load", "copy", "audit", "flush"]
+    assert list(result["timings_ms"]) == ["validate", "copy", "post_process", "transfer", "audit", "flush"]
     assert result["bytes"] == CheckpointReader(ckpts[1]).nbytes()

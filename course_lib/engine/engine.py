@@ -126,6 +126,7 @@ class Engine(HotUpdateMixin):
         self.pause_stats: list[dict] = []   # one record per pause: what it cost (see pause_generation)
         self.update_history: list[dict] = []
         self._weight_groups: dict = {}      # torch.distributed groups a trainer broadcasts on
+        self.snapshot: dict | None = None   # host copy of the weights for rollback (take_snapshot)
         self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
         self.step_log: list[dict] = []      # per step: which requests ran, prefill or decode, which version

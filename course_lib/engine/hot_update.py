@@ -16,12 +16,14 @@ import time
 
 import torch
 
-from course_lib.layers.quant import process_weights_after_loading
+from course_lib.layers.quant import (discard_staged_weights, kernel_tensors, pending_layers,
+                                     process_weights_after_loading)
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights import bucket, safe_pickle
 from course_lib.weights.transports import dist as dist_transport
-from course_lib.weights.update import (PhaseTimer, UpdateError, commit, load_and_validate, stage_from_disk,
-                                       validate_tensors)
+from course_lib.weights.layerwise import LayerwiseReload
+from course_lib.weights.update import (PhaseTimer, UpdateError, check_finite, commit, load_and_validate,
+                                       stage_from_disk, validate_tensors)
 
 # Pause modes and their SGLang / vLLM names.
 PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep", "retract": "retract"}
@@ -113,7 +115,12 @@ class HotUpdateMixin:
         return len(seqs)
 
     def continue_generation(self) -> dict:
-        """Resume: frozen and retracted requests go on with the current weights."""
+        """Resume: frozen and retracted requests go on with the current weights. Refused
+        while a chunked update left a quantized fused layer waiting for shards."""
+        waiting = pending_layers(self.model)
+        if waiting:
+            raise UpdateError(f"cannot resume: {len(waiting)} layers still wait for shards of an update, "
+                              f"e.g. {next(iter(waiting.items()))}; send them first")
         t0 = time.perf_counter()
         if self.paused:
             self.paused, self.pause_mode = False, None
@@ -168,23 +175,121 @@ class HotUpdateMixin:
                    for seq in self.scheduler.running if seq.block_table)
 
     def update_weights_from_disk(self, model_path, weight_version: str | None = None, flush_cache: bool = True,
-                                 abort_all_requests: bool = False, partial: bool = False,
-                                 wait_timeout_s: float = 600.0) -> dict:
+                                 abort_all_requests: bool = False, partial: bool = False, staging: str = "layer",
+                                 keep_snapshot: bool = False, wait_timeout_s: float = 600.0) -> dict:
         """Load new weights from an HF checkpoint dir, in place, between two steps.
 
-        Validates everything first (structure, names, shapes, dtypes) and reads all data
-        before the first live byte changes: a bad checkpoint raises ``UpdateError`` and
-        leaves the weights, the version and every request untouched. Returns SGLang's
-        fields plus ``timings_ms`` per phase and ``bytes``.
+        First the whole checkpoint is validated from its headers (structure, every name,
+        shape and dtype, file sizes): a bad checkpoint raises ``UpdateError`` and leaves
+        the weights, the version and every request untouched. Then:
+
+        - ``staging="layer"`` (default): stream one decoder layer at a time (extra memory
+          about one layer; see layerwise.py). A fault found mid-stream rolls back to a
+          snapshot when ``keep_snapshot=True``, else marks the engine unhealthy.
+        - ``staging="full"``: read everything into host memory first (extra memory: the
+          whole model), so even a mid-read fault changes nothing.
+
+        ``keep_snapshot=True`` also keeps the old weights in host memory for ``rollback()``.
+        Returns SGLang's fields plus ``timings_ms`` per phase, ``bytes`` and ``memory``.
         """
+        if staging not in ("layer", "full"):
+            raise ValueError(f"staging must be 'layer' or 'full', got {staging!r}")
         timer = PhaseTimer()
         self._refuse_if_busy(abort_all_requests)
         reader, nbytes = load_and_validate(self.model_config, model_path, partial)
+        names = list(reader.metadata())
         timer.lap("validate")
-        staged = stage_from_disk(reader)
-        timer.lap("load")
-        return self._commit_update(staged.items(), nbytes, timer, weight_version, flush_cache,
+        if staging == "full":
+            staged = stage_from_disk(reader)
+            check_finite(staged.items())
+            timer.lap("transfer")
+            apply = self._chunk_applier(staged.items(), allow_pending=False)
+        else:
+            apply = self._layerwise_applier(reader, names)
+        if keep_snapshot:
+            self.take_snapshot()
+            timer.lap("snapshot")
+        return self._commit_update(apply, nbytes, timer, weight_version, flush_cache,
                                    abort_all_requests, wait_timeout_s, f"updated from {reader.path}")
+
+    def _chunk_applier(self, named_tensors, allow_pending: bool):
+        """Apply validated tensors that are all in hand: copy through the loaders, then
+        requantize (layers still waiting for shards stay staged when allowed)."""
+        def apply(timer: PhaseTimer) -> dict:
+            commit(self.model, named_tensors, self.config.device)
+            timer.lap("copy")
+            process_weights_after_loading(self.model, allow_pending=allow_pending)
+            timer.lap("post_process")
+            return {}
+        return apply
+
+    def _layerwise_applier(self, reader, names):
+        def apply(timer: PhaseTimer) -> dict:
+            reload = LayerwiseReload(self.model, names, self.config.device)
+            try:
+                for name, tensor in reader.iter_tensors(names):
+                    reload.feed(name, tensor)
+                memory = reload.finish()
+            except Exception as exc:
+                self._after_midstream_fault(reload.applied, exc)
+            wall = timer.ms_since_lap()
+            timer.ms.update({k: v for k, v in reload.ms.items() if k != "transfer"})
+            timer.ms["transfer"] = max(0.0, wall - reload.ms["copy"] - reload.ms["post_process"])  # reading + H2D
+            timer.lap(None)
+            return {"memory": memory}
+        return apply
+
+    def _after_midstream_fault(self, applied_layers: list[str], exc: Exception):
+        discard_staged_weights(self.model)
+        if not applied_layers:
+            raise exc if isinstance(exc, UpdateError) else UpdateError(f"update failed before any layer "
+                                                                       f"changed: {exc}") from exc
+        if self.snapshot is not None:
+            self._restore(self.snapshot)
+            raise UpdateError(f"update failed after {len(applied_layers)} layers ({exc}); the weights were "
+                              f"restored from the snapshot") from exc
+        self.unhealthy = (f"update failed after {len(applied_layers)} layers were written ({exc}); "
+                          f"the weights are a mix of two versions")
+        raise UpdateError(self.unhealthy) from exc
+
+    # ---- snapshots and rollback (host memory, no disk read) ------------------------------
+    def take_snapshot(self) -> dict:
+        """Copy every tensor the kernels read to host memory (pinned on GPU), with the
+        current version label; ``rollback()`` restores it. Costs one model of host memory."""
+        pin = torch.device(self.config.device).type == "cuda"
+        tensors = {}
+        for name, t in kernel_tensors(self.model).items():
+            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            host.copy_(t, non_blocking=pin)
+            tensors[name] = host
+        if pin:
+            torch.cuda.synchronize()
+        self.snapshot = {"weight_version": self.weight_version, "tensors": tensors}
+        return self.snapshot
+
+    def _restore(self, snapshot: dict) -> None:
+        live = kernel_tensors(self.model)
+        for name, host in snapshot["tensors"].items():
+            live[name].copy_(host, non_blocking=True)
+        if torch.device(self.config.device).type == "cuda":
+            torch.cuda.synchronize()
+
+    def rollback(self, flush_cache: bool = True, abort_all_requests: bool = False) -> dict:
+        """Restore the snapshot (bitwise the old weights and version), in place, with no
+        disk read. Same rules as any update: pause first if requests are in flight."""
+        if self.snapshot is None:
+            raise UpdateError("no snapshot to roll back to: take_snapshot() or update with keep_snapshot=True")
+        timer = PhaseTimer()
+        self._refuse_if_busy(abort_all_requests)
+        snapshot = self.snapshot
+
+        def apply(timer: PhaseTimer) -> dict:
+            self._restore(snapshot)
+            timer.lap("copy")
+            return {}
+        nbytes = sum(t.numel() * t.element_size() for t in snapshot["tensors"].values())
+        return self._commit_update(apply, nbytes, timer, snapshot["weight_version"], flush_cache,
+                                   abort_all_requests, 600.0, "rolled back to the snapshot")
 
     def update_weights_from_tensor(self, named_tensors, load_format: str | None = None, flush_cache: bool = True,
                                    weight_version: str | None = None, abort_all_requests: bool = False,
@@ -212,9 +317,10 @@ class HotUpdateMixin:
         if len(meta) != len(tensors):
             raise UpdateError("the update names a tensor more than once")
         nbytes = validate_tensors(self.model_config, meta, partial=True)
+        check_finite(tensors)
         timer.lap("validate")
-        return self._commit_update(tensors, nbytes, timer, weight_version, flush_cache,
-                                   abort_all_requests, wait_timeout_s, f"updated {len(tensors)} tensors")
+        return self._commit_update(self._chunk_applier(tensors, allow_pending=True), nbytes, timer, weight_version,
+                                   flush_cache, abort_all_requests, wait_timeout_s, f"updated {len(tensors)} tensors")
 
     # ---- torch.distributed groups (the trainer broadcasts, the engine receives) ---------
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
@@ -277,8 +383,10 @@ class HotUpdateMixin:
         timer.lap("transfer")
         if refusal is not None:
             raise refusal
-        return self._commit_update(tensors, nbytes, timer, weight_version, flush_cache, abort_all_requests,
-                                   wait_timeout_s, f"received {len(tensors)} tensors over {group_name!r}")
+        check_finite(tensors)
+        return self._commit_update(self._chunk_applier(tensors, allow_pending=True), nbytes, timer, weight_version,
+                                   flush_cache, abort_all_requests, wait_timeout_s,
+                                   f"received {len(tensors)} tensors over {group_name!r}")
 
     def _refuse_if_busy(self, abort_all_requests: bool) -> None:
         in_flight = len(self.scheduler.running) + len(self.scheduler.waiting)
@@ -286,9 +394,10 @@ class HotUpdateMixin:
             raise EngineBusyError(f"{in_flight} requests in flight and generation is not paused: "
                                   f"call pause_generation(mode) first, or pass abort_all_requests=True")
 
-    def _commit_update(self, named_tensors, nbytes: int, timer: PhaseTimer, weight_version, flush_cache: bool,
+    def _commit_update(self, apply, nbytes: int, timer: PhaseTimer, weight_version, flush_cache: bool,
                        abort_all_requests: bool, wait_timeout_s: float, message: str) -> dict:
-        """Everything after validation: requests, in-place copy, audit, version, cache."""
+        """Everything after validation: requests, ``apply(timer)`` (the in-place writes),
+        audit, version, cache, and the pause's cost record."""
         if self.paused:
             record = self.pause_stats[-1]
         else:
@@ -300,9 +409,7 @@ class HotUpdateMixin:
         if self.paused and self.pause_mode == "wait":
             self._drain(wait_timeout_s, record)
             timer.lap("wait")
-        commit(self.model, named_tensors, self.config.device)
-        process_weights_after_loading(self.model)
-        timer.lap("copy")
+        extra = apply(timer)
         self.verify_addresses()
         timer.lap("audit")
         self.weight_update_count += 1
@@ -320,7 +427,7 @@ class HotUpdateMixin:
         result = {"success": True, "message": message,
                   "weight_version": self.weight_version, "weight_update_count": self.weight_update_count,
                   "num_paused_requests": len(survivors), "entries_cleared": cleared, "bytes": nbytes,
-                  "elapsed_ms": sum(timer.ms.values()), "timings_ms": timer.ms}
+                  "elapsed_ms": sum(timer.ms.values()), "timings_ms": timer.ms, **extra}
         self.update_history.append(result)
         return result
 

@@ -257,23 +257,43 @@ def get_quant_method(quantization: str | None):
     raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
 
 
-def process_weights_after_loading(model: nn.Module) -> list[str]:
+def process_weights_after_loading(model: nn.Module, allow_pending: bool = False) -> list[str]:
     """Requantize every linear layer that received weights since the last call; returns
-    their names. A fused layer that got only some of its shards is refused before any
-    kernel tensor changes, and all staged weights are dropped (the update failed; the
-    engine keeps serving the weights it had)."""
+    their names.
+
+    A fused layer that got only some of its shards cannot be requantized yet. By default
+    that is an error raised before any kernel tensor changes, and all staged weights are
+    dropped (the update failed; the engine keeps serving the weights it had). With
+    ``allow_pending=True`` (chunked updates, where q may arrive in one bucket and k, v in
+    the next) such a layer stays staged until its other shards arrive: its staging tensor
+    is the per-layer buffer; ``pending_layers`` lists what is still waiting.
+    """
     layers = [(name, m) for name, m in model.named_modules() if hasattr(m, "quant_method")]
     staged = [(name, m) for name, m in layers if getattr(m, "staging", None) is not None]
-    for name, m in staged:
+    incomplete = {name for name, m in staged if any(s not in m.staged_shards for s in m.shard_ids)}
+    if incomplete and not allow_pending:
+        name, m = next((n, m) for n, m in staged if n in incomplete)
         missing = [s for s in m.shard_ids if s not in m.staged_shards]
-        if missing:
-            discard_staged_weights(model)
-            raise ValueError(f"{name}: received shards {sorted(map(str, m.staged_shards))} but not "
-                             f"{[str(s) for s in missing]}; a quantized fused layer is requantized "
-                             f"whole, so an update must send all of its shards")
-    for _, m in layers:
-        m.quant_method.process_weights_after_loading(m)
-    return [name for name, _ in staged]
+        discard_staged_weights(model)
+        raise ValueError(f"{name}: received shards {sorted(map(str, m.staged_shards))} but not "
+                         f"{[str(s) for s in missing]}; a quantized fused layer is requantized "
+                         f"whole, so an update must send all of its shards")
+    for name, m in layers:
+        if name not in incomplete:
+            m.quant_method.process_weights_after_loading(m)
+    return [name for name, _ in staged if name not in incomplete]
+
+
+def pending_layers(model: nn.Module) -> dict[str, list[str]]:
+    """{layer name: shards still missing} for quantized fused layers waiting for shards."""
+    return {name: [str(s) for s in m.shard_ids if s not in m.staged_shards]
+            for name, m in model.named_modules() if getattr(m, "staging", None) is not None}
+
+
+def staged_bytes(model: nn.Module) -> int:
+    """Bytes held by staging tensors right now (part of an update's extra memory)."""
+    return sum(m.staging.numel() * m.staging.element_size()
+               for m in model.modules() if getattr(m, "staging", None) is not None)
 
 
 def discard_staged_weights(model: nn.Module) -> int:

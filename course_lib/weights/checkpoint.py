@@ -218,6 +218,7 @@ class CheckpointReader:
                 for name, t in self._load_torch_file(file).items():
                     meta[name] = (tuple(t.shape), t.dtype)
                 continue
+            _check_safetensors_size(file)
             try:
                 with safe_open(str(file), framework="pt") as f:
                     for name in f.keys():
@@ -251,6 +252,27 @@ class CheckpointReader:
 
     def nbytes(self) -> int:
         return sum(_numel(shape) * dtype.itemsize for shape, dtype in self.metadata().values())
+
+
+def _check_safetensors_size(file: Path) -> None:
+    """A truncated file is caught here, from its header, before any tensor is read: the
+    header says where the last tensor's bytes end, and the file must reach that far."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if header_len <= 0 or 8 + header_len > size:
+                raise CheckpointError(f"{file}: unreadable safetensors file (header length {header_len} "
+                                      f"does not fit in {size} bytes)")
+            header = json.loads(f.read(header_len))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CheckpointError(f"{file}: unreadable safetensors file (bad header: {exc})") from exc
+    if 8 + header_len + end > size:
+        raise CheckpointError(f"{file}: truncated: the header needs {8 + header_len + end} bytes, "
+                              f"the file has {size}")
 
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

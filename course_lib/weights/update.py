@@ -64,13 +64,7 @@ def validate_tensors(config: ModelConfig, meta: dict, partial: bool = False) -> 
 def stage_from_disk(reader: CheckpointReader, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
     """Read every tensor into host memory, so a truncated or corrupt file fails here,
     before the commit, and never halfway through it."""
-    declared = reader.config.dtype
-    staged = {}
-    for name, tensor in reader.iter_tensors(names):
-        if tensor.dtype != declared:
-            raise UpdateError(f"{name}: dtype {tensor.dtype}, but config.json declares {reader.config.torch_dtype}")
-        staged[name] = tensor
-    return staged
+    return dict(reader.iter_tensors(names))
 
 
 def commit(model, named_tensors, device) -> None:
@@ -78,6 +72,13 @@ def commit(model, named_tensors, device) -> None:
     model.load_weights((name, t.to(device, non_blocking=True)) for name, t in named_tensors)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def check_finite(named_tensors) -> None:
+    """Refuse NaN or infinite weights (a diverged trainer) before they reach the model."""
+    for name, t in named_tensors:
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise UpdateError(f"{name}: contains NaN or infinite values")
 
 
 def load_and_validate(model_config: ModelConfig, model_path, partial: bool = False):
@@ -88,7 +89,11 @@ def load_and_validate(model_config: ModelConfig, model_path, partial: bool = Fal
         meta = reader.metadata()
     except CheckpointError as exc:
         raise UpdateError(str(exc)) from exc
-    return reader, validate_tensors(model_config, meta, partial)
+    nbytes = validate_tensors(model_config, meta, partial)
+    for name, (_, dtype) in meta.items():
+        if dtype != reader.config.dtype:
+            raise UpdateError(f"{name}: dtype {dtype}, but config.json declares {reader.config.torch_dtype}")
+    return reader, nbytes
 
 
 class PhaseTimer:
@@ -98,7 +103,12 @@ class PhaseTimer:
         self.ms: dict[str, float] = {}
         self._t = time.perf_counter()
 
-    def lap(self, phase: str) -> None:
+    def lap(self, phase: str | None) -> None:
+        """Charge the time since the last lap to ``phase`` (None: charge it nowhere)."""
         now = time.perf_counter()
-        self.ms[phase] = self.ms.get(phase, 0.0) + 1e3 * (now - self._t)
+        if phase is not None:
+            self.ms[phase] = self.ms.get(phase, 0.0) + 1e3 * (now - self._t)
         self._t = now
+
+    def ms_since_lap(self) -> float:
+        return 1e3 * (time.perf_counter() - self._t)

@@ -1,0 +1,97 @@
+"""Layer-by-layer reload: apply an update one decoder layer at a time.
+
+Reading a whole checkpoint before writing it would need a second copy of the model in
+memory. Instead, incoming tensors are buffered per decoder layer (``model.layers.7.*``;
+the embedding, final norm and LM head are layers of their own) until every tensor the
+update brings for that layer has arrived; then the layer is checked (finite values), run
+through the model's own loaders (fusion, sharding, in-place copy) and post-processing
+(requantization into the existing kernel tensors), and its buffers are freed. Extra
+memory is about one layer plus whatever arrived early for the next, and it is measured:
+``peak_held_bytes`` counts the buffered tensors and staging weights held at any moment;
+on GPU the allocator's peak above the starting point is reported too.
+
+The price of streaming: a fault discovered after some layers were applied (a file that
+changed since it was validated, a layer with NaNs) cannot be undone without a snapshot,
+so the engine either restores one or marks itself unhealthy (see hot_update.py).
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+from course_lib.layers.quant import process_weights_after_loading, staged_bytes
+from course_lib.weights.update import UpdateError, check_finite
+
+_LAYER = re.compile(r"^(model\.layers\.\d+)\.")
+
+
+def layer_key(name: str) -> str:
+    """The layer a checkpoint tensor belongs to: ``model.layers.N`` or the tensor itself."""
+    m = _LAYER.match(name)
+    return m.group(1) if m else name
+
+
+class LayerwiseReload:
+    """Buffers (name, tensor) pairs per layer and applies each layer once it is complete."""
+
+    def __init__(self, model, expected_names, device, check_finite: bool = True):
+        self.model, self.device, self.check_finite = model, torch.device(device), check_finite
+        self.remaining: dict[str, set[str]] = {}
+        for name in expected_names:
+            self.remaining.setdefault(layer_key(name), set()).add(name)
+        self.buffers: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        self.applied: list[str] = []
+        self.held_bytes = self.peak_held_bytes = 0
+        self.ms = {"transfer": 0.0, "copy": 0.0, "post_process": 0.0}
+        self._gpu = self.device.type == "cuda"
+        if self._gpu:
+            torch.cuda.synchronize()
+            self._gpu_start = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+    def _hold(self, nbytes: int) -> None:
+        self.held_bytes += nbytes
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes + staged_bytes(self.model))
+
+    def feed(self, name: str, tensor: torch.Tensor) -> None:
+        key = layer_key(name)
+        if name not in self.remaining.get(key, ()):
+            raise UpdateError(f"{name}: not expected by this update (or sent twice)")
+        t0 = time.perf_counter()
+        tensor = tensor.to(self.device, non_blocking=True)
+        self.ms["transfer"] += 1e3 * (time.perf_counter() - t0)
+        self.buffers.setdefault(key, []).append((name, tensor))
+        self._hold(tensor.numel() * tensor.element_size())
+        self.remaining[key].discard(name)
+        if not self.remaining[key]:
+            self._apply(key)
+
+    def _apply(self, key: str) -> None:
+        tensors = self.buffers.pop(key)
+        if self.check_finite:
+            check_finite(tensors)
+        t0 = time.perf_counter()
+        self.model.load_weights(tensors)
+        self._hold(0)  # staging weights of quantized layers exist now
+        t1 = time.perf_counter()
+        process_weights_after_loading(self.model)
+        if self._gpu:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        self.ms["copy"] += 1e3 * (t1 - t0)
+        self.ms["post_process"] += 1e3 * (t2 - t1)
+        self.held_bytes -= sum(t.numel() * t.element_size() for _, t in tensors)
+        del tensors
+        self.applied.append(key)
+
+    def finish(self) -> dict:
+        """Check nothing is left waiting; return the memory and time report."""
+        waiting = {k: sorted(v) for k, v in self.remaining.items() if v}
+        if waiting:
+            raise UpdateError(f"update ended with layers incomplete: {list(waiting.items())[:2]}")
+        stats = {"layers": len(self.applied), "peak_held_bytes": self.peak_held_bytes}
+        if self._gpu:
+            stats["gpu_peak_extra_bytes"] = max(0, torch.cuda.max_memory_allocated() - self._gpu_start)
+        return stats
