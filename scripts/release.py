@@ -1,0 +1,171 @@
+"""Build the student edition: the course without solutions or hidden tests.
+
+    python scripts/release.py                  # into student/ (git-ignored)
+    python scripts/release.py --dest DIR       # elsewhere; DIR is replaced
+
+What it writes:
+- notebooks/: nbgrader ``generate_assignment`` of the chapter notebooks (solutions become
+  ``raise NotImplementedError()``, hidden tests are removed). It records the assignment in
+  the instructor's gradebook (grading/ by default, see nbgrader_config.py), which
+  ``nbgrader autograde`` needs later.
+- practice/: ``python practice/judge.py release`` (the judge's own step).
+- the library and its set-up: course_lib/, pyproject.toml, README.md, scripts/setup.sh, binder/.
+
+Then it checks the result (``leaks``): no solution text and no hidden test anywhere in
+it. A leaking edition is deleted and the command exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ASSIGNMENT = "notebooks"  # nbgrader's assignment: the folder notebooks/ (see nbgrader_config.py)
+LIBRARY = ["course_lib", "pyproject.toml", "README.md", "scripts/setup.sh", "binder"]
+MARKERS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"]
+SECRET_NAMES = {"solution.py", "test_hidden.py", "nbgrader_config.py", "gradebook.db"}
+
+
+def course_config(course_root: Path | None = None, release_root: Path | None = None):
+    """The instructor's nbgrader config (nbgrader_config.py), optionally with the gradebook
+    and submissions under ``course_root`` and the student notebooks under ``release_root``."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
+    if course_root is not None:
+        course_root = Path(course_root).resolve()
+        config.CourseDirectory.root = str(course_root)
+        config.CourseDirectory.source_directory = str(REPO)  # absolute: still this repo's notebooks/
+        config.CourseDirectory.db_url = f"sqlite:///{course_root / 'gradebook.db'}"
+    if release_root is not None:
+        config.CourseDirectory.release_directory = str(Path(release_root).resolve())
+    return config
+
+
+def nbgrader_api(config):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    return NbGraderAPI(CourseDirectory(config=config), config=config)
+
+
+def release_notebooks(dest: Path, course_root: Path | None = None) -> list[Path]:
+    """nbgrader generate_assignment into ``dest``/notebooks; returns the notebooks written."""
+    config = course_config(course_root, dest)
+    Path(config.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
+    result = nbgrader_api(config).generate_assignment(ASSIGNMENT, force=True)
+    if not result["success"]:
+        raise RuntimeError(f"nbgrader generate_assignment failed:\n{result['error']}\n{result['log']}")
+    return sorted((dest / ASSIGNMENT).glob("*.ipynb"))
+
+
+def release_practice(dest: Path) -> None:
+    """The judge's own release step into ``dest``/practice."""
+    subprocess.run([sys.executable, str(REPO / "practice" / "judge.py"), "release", str(dest / "practice")],
+                   check=True, cwd=REPO)
+
+
+def copy_library(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in LIBRARY:
+        src, dst = REPO / name, dest / name
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=ignore)
+        elif src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
+def _lines(text: str) -> set[str]:
+    return {line.strip() for line in text.splitlines()}
+
+
+def secret_lines(repo: Path = REPO) -> set[str]:
+    """Lines that must never reach a learner: the lines of solution and hidden-test regions
+    in the source notebooks, of the hidden chapter tests and of the practice solutions,
+    less any line the learner sees anyway (the rest of the notebooks, starters, course_lib)."""
+    secret, public = set(), set()
+    region = re.compile(r"### BEGIN (SOLUTION|HIDDEN TESTS)\n(.*?)### END \1", re.S)
+    for nb in sorted((repo / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            src = "".join(cell["source"])
+            for _, body in region.findall(src):
+                secret |= _lines(body)
+            public |= _lines(region.sub("", src))
+    for py in sorted((repo / "practice" / "hidden").rglob("*.py")):
+        secret |= _lines(py.read_text())
+    for solution in sorted((repo / "practice" / "problems").glob("*/solution.py")):
+        secret |= _lines(solution.read_text())
+        public |= {line for f in solution.parent.glob("*") if f.is_file() and f.name != "solution.py"
+                   for line in _lines(f.read_text(errors="replace"))}
+    for py in sorted((repo / "course_lib").rglob("*.py")):
+        public |= _lines(py.read_text())
+    # Short or generic lines ("return x", "import os") say nothing about an answer.
+    return {s for s in secret - public if len(s) >= 24 and not s.startswith(("#", '"""'))}
+
+
+def leaks(edition: Path, repo: Path = REPO) -> list[str]:
+    """Everything in ``edition`` that gives away an answer or a hidden test (empty: clean)."""
+    found = []
+    secrets = secret_lines(repo)
+    for path in sorted(p for p in Path(edition).rglob("*") if p.is_file()):
+        rel = path.relative_to(edition)
+        if path.name in SECRET_NAMES or "hidden" in rel.parts or "wrong" in rel.parts:
+            found.append(f"{rel}: a file that belongs to the instructor edition only")
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if path.suffix == ".ipynb":  # compare cell sources line by line, not JSON-escaped text
+            text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+        found += [f"{rel}: contains the nbgrader marker {m!r}" for m in MARKERS if m in text]
+        found += [f"{rel}: contains a line of a solution or hidden test: {s!r}" for s in sorted(secrets & _lines(text))]
+    return found
+
+
+def build(dest: Path, practice: bool = True, course_root: Path | None = None) -> dict:
+    """Build and check the student edition in ``dest`` (replaced); returns a summary."""
+    dest = Path(dest).resolve()
+    if dest == REPO or (REPO in dest.parents and dest.relative_to(REPO).parts[0] != "student"):
+        raise ValueError(f"{dest}: the student edition goes to student/ or outside this repository")
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    notebooks = release_notebooks(dest, course_root)
+    if practice:
+        release_practice(dest)
+    copy_library(dest)
+    problems = leaks(dest)
+    if problems:
+        shutil.rmtree(dest)  # never leave a leaking edition behind
+        raise RuntimeError("the student edition leaks answers (deleted):\n  " + "\n  ".join(problems))
+    return {"dest": str(dest), "notebooks": [n.name for n in notebooks], "practice": practice}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dest", type=Path, default=REPO / "student", help="output folder (replaced); default student/")
+    parser.add_argument("--no-practice", action="store_true", help="leave out practice/ (the judge's release step)")
+    parser.add_argument("--course-root", type=Path, default=None,
+                        help="nbgrader gradebook folder (default: grading/, from nbgrader_config.py)")
+    args = parser.parse_args(argv)
+    try:
+        summary = build(args.dest, practice=not args.no_practice, course_root=args.course_root)
+    except (RuntimeError, ValueError, subprocess.CalledProcessError) as exc:
+        print(f"release failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"student edition in {summary['dest']}")
+    print(f"  notebooks/: {', '.join(summary['notebooks'])} (solutions and hidden tests removed)")
+    print("  practice/: " + ("from practice/judge.py release" if summary["practice"] else "left out (--no-practice)"))
+    print("  checked: no solution text, no hidden test, no instructor-only file")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The real nbgrader pipeline on chapter 01, run the way an instructor runs it.
+
+``scripts/release.py`` builds the student edition (nbgrader generate_assignment, the
+judge's release of practice/, the library) and records the assignment in a throwaway
+gradebook. Three submissions are autograded: the source notebook (solutions in place:
+full marks), the untouched student notebook (zero on every graded cell, and no other cell
+fails), and answers that pass the visible checks but not the hidden ones. Feedback is
+generated and must show no hidden test's source. The hidden checks themselves must pass
+the reference answers and catch plausible wrong ones.
+"""
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("nbgrader")
+
+REPO = Path(__file__).resolve().parents[1]
+CHAPTER = "01_the_engine"
+HIDDEN = REPO / "practice" / "hidden"
+
+
+def load_release():
+    spec = importlib.util.spec_from_file_location("course_release", REPO / "scripts" / "release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+release = load_release()
+
+
+def judge_cannot_release() -> str | None:
+    """Why the judge's release step is unavailable (None when it is available)."""
+    judge = REPO / "practice" / "judge.py"
+    if not judge.is_file():
+        return "practice/judge.py does not exist yet"
+    run = subprocess.run([sys.executable, str(judge), "release", "--help"], capture_output=True, text=True, cwd=REPO)
+    return None if run.returncode == 0 else f"practice/judge.py has no 'release' verb: {run.stderr.strip()[-200:]}"
+
+
+def with_answers(notebook: Path, answers: dict[str, str]) -> dict:
+    """The notebook with the source of the answer cells named by grade_id replaced."""
+    nb = json.loads(notebook.read_text())
+    for cell in nb["cells"]:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = answers[grade_id]
+    return nb
+
+
+# Plausible answers that pass every visible check: the prediction forgets block_size
+# (every visible example uses blocks of 4).
+PARTLY_WRONG = {
+    "block_hash": "def block_hash(prev_hash, token_ids):\n    return hash((prev_hash, tuple(token_ids)))\n",
+    "predict_cached_tokens": (
+        "def predict_cached_tokens(prompt, earlier_prompts, block_size):\n"
+        "    best = 0\n"
+        "    for e in earlier_prompts:\n"
+        "        n = 0\n"
+        "        while n < min(len(prompt), len(e)) and prompt[n] == e[n]:\n"
+        "            n += 1\n"
+        "        best = max(best, n)\n"
+        "    return 4 * min(best // 4, (len(prompt) - 1) // 4)\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    edition = root / "student"
+    no_judge = judge_cannot_release()
+    cmd = [sys.executable, "scripts/release.py", "--dest", str(edition), "--course-root", str(root)]
+    run = subprocess.run(cmd + (["--no-practice"] if no_judge else []), capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert run.returncode == 0, f"release failed:\n{run.stdout}\n{run.stderr}"
+
+    source = REPO / "notebooks" / f"{CHAPTER}.ipynb"
+    student = edition / "notebooks" / f"{CHAPTER}.ipynb"
+    submissions = {
+        "reference": json.loads(source.read_text()),
+        "untouched": json.loads(student.read_text()),
+        "partly_wrong": with_answers(student, PARTLY_WRONG),
+    }
+    for name, nb in submissions.items():
+        folder = root / "submitted" / name / release.ASSIGNMENT
+        folder.mkdir(parents=True)
+        (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(nb))
+
+    api = release.nbgrader_api(release.course_config(root, edition))
+    for name in submissions:
+        result = api.autograde(release.ASSIGNMENT, name, force=True)
+        assert result["success"], f"autograde {name}: {result['error']}\n{result['log']}"
+    result = api.generate_feedback(release.ASSIGNMENT, force=True)
+    assert result["success"], result["error"]
+    return SimpleNamespace(root=root, edition=edition, no_judge=no_judge, release_output=run.stdout,
+                           db_url=f"sqlite:///{root / 'gradebook.db'}")
+
+
+def grades(course, student):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(course.db_url) as gb:
+        nb = gb.find_submission_notebook(CHAPTER, release.ASSIGNMENT, student)
+        return {g.name: (g.score, g.max_score) for g in nb.grades}
+
+
+def autograded_cells(course, student):
+    path = course.root / "autograded" / student / release.ASSIGNMENT / f"{CHAPTER}.ipynb"
+    return json.loads(path.read_text())["cells"]
+
+
+def test_reference_submission_gets_full_marks(course):
+    got = grades(course, "reference")
+    assert got and all(score == top and top > 0 for score, top in got.values()), got
+
+
+def test_untouched_student_notebook_gets_zero_and_only_exercises_fail(course):
+    got = grades(course, "untouched")
+    assert got and all(score == 0 for score, _ in got.values()), got
+    failed = {c["metadata"].get("nbgrader", {}).get("grade_id") for c in autograded_cells(course, "untouched")
+              if any(o["output_type"] == "error" for o in c.get("outputs", []))}
+    assert failed == set(got), f"cells that failed: {failed}; graded cells: {set(got)}"
+
+
+def test_hidden_tests_catch_what_the_visible_checks_miss(course):
+    got = grades(course, "partly_wrong")
+    assert got["test_block_hash"] == (2, 2) and got["test_predict_cached_tokens"] == (0, 2), got
+    cell = next(c for c in autograded_cells(course, "partly_wrong")
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_predict_cached_tokens")
+    text = json.dumps(cell["outputs"])
+    assert "visible checks passed" in text and "AssertionError" in text and "block size 8" in text
+
+
+def test_feedback_shows_no_hidden_test_source(course):
+    secret = {line.strip() for py in (HIDDEN / "chapters").glob("*.py") for line in py.read_text().splitlines()}
+    secret = {s for s in secret if len(s) >= 24 and not s.startswith(("#", '"""'))}
+    assert len(secret) > 20, "the hidden tests were not found, so this check would prove nothing"
+    for student in ["reference", "untouched", "partly_wrong"]:
+        page = html.unescape((course.root / "feedback" / student / release.ASSIGNMENT / f"{CHAPTER}.html").read_text())
+        assert "check_predict_cached_tokens" in page  # the one import line it may show
+        shown = sorted(s for s in secret if s in page)
+        assert not shown, f"{student}'s feedback shows hidden test source: {shown[:3]}"
+
+
+def test_student_edition_holds_no_solution_or_hidden_test(course):
+    assert release.leaks(course.edition) == []
+    student = json.loads((course.edition / "notebooks" / f"{CHAPTER}.ipynb").read_text())
+    answers = ["".join(c["source"]) for c in student["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
+    assert answers and all("raise NotImplementedError()" in a for a in answers)
+    assert not (course.edition / "practice" / "hidden").exists()
+    assert (course.edition / "course_lib" / "__init__.py").is_file()
+
+
+def test_leak_check_can_fail(course, tmp_path):
+    fake = tmp_path / "edition"
+    shutil.copytree(course.edition / "notebooks", fake / "notebooks")
+    shutil.copy(REPO / "notebooks" / f"{CHAPTER}.ipynb", fake / "notebooks")  # the instructor's copy
+    shutil.copytree(HIDDEN / "chapters", fake / "extra", ignore=shutil.ignore_patterns("__pycache__"))
+    found = "\n".join(release.leaks(fake))
+    assert "BEGIN SOLUTION" in found and "return hash((prev_hash, tuple(token_ids)))" in found
+    assert "extra/ch01_the_engine.py: contains a line" in found
+
+
+def test_student_edition_holds_practice(course):
+    if course.no_judge:
+        pytest.skip(f"the judge's release step is unavailable: {course.no_judge}")
+    assert (course.edition / "practice" / "judge.py").is_file()
+    assert not list((course.edition / "practice").rglob("solution.py"))
+
+
+def test_hidden_checks_pass_the_reference_and_catch_wrong_answers():
+    sys.path.insert(0, str(HIDDEN))
+    try:
+        from chapters import ch01_the_engine as hidden
+    finally:
+        sys.path.remove(str(HIDDEN))
+    ns: dict = {}
+    exec(PARTLY_WRONG["block_hash"] + PARTLY_WRONG["predict_cached_tokens"], ns)
+    exec("def no_chain(prev_hash, token_ids):\n    return hash(tuple(token_ids))\n", ns)
+    reference = {}
+    for cell in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("solution"):
+            exec("".join(cell["source"]), reference)
+    assert hidden.check_block_hash(reference["block_hash"]) == []
+    assert hidden.check_predict_cached_tokens(reference["predict_cached_tokens"]) == []
+    assert hidden.check_block_hash(ns["no_chain"]), "a hash that ignores the prefix must fail"
+    assert hidden.check_predict_cached_tokens(ns["predict_cached_tokens"]), "ignoring block_size must fail"
+    latest_only = lambda prompt, earlier, bs: reference["predict_cached_tokens"](prompt, earlier[-1:], bs)  # noqa: E731
+    assert hidden.check_predict_cached_tokens(latest_only), "comparing with the latest prompt only must fail"
