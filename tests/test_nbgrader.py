@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -183,6 +184,8 @@ def test_hidden_checks_pass_the_reference_and_catch_wrong_answers():
         from chapters import ch01_the_engine as hidden
     finally:
         sys.path.remove(str(HIDDEN))
+        for name in [m for m in sys.modules if m == "chapters" or m.startswith("chapters.")]:
+            del sys.modules[name]
     ns: dict = {}
     exec(PARTLY_WRONG["block_hash"] + PARTLY_WRONG["predict_cached_tokens"], ns)
     exec("def no_chain(prev_hash, token_ids):\n    return hash(tuple(token_ids))\n", ns)
@@ -196,3 +199,19 @@ def test_hidden_checks_pass_the_reference_and_catch_wrong_answers():
     assert hidden.check_predict_cached_tokens(ns["predict_cached_tokens"]), "ignoring block_size must fail"
     latest_only = lambda prompt, earlier, bs: reference["predict_cached_tokens"](prompt, earlier[-1:], bs)  # noqa: E731
     assert hidden.check_predict_cached_tokens(latest_only), "comparing with the latest prompt only must fail"
+
+
+def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
+    """Where grading runs outside this repository, $COURSE_HIDDEN_DIR points at the hidden tests."""
+    stub = tmp_path / "hidden" / "chapters"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("")
+    (stub / "ch01_the_engine.py").write_text(
+        "def check_block_hash(fn):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + fn.__name__]\n")
+    cell = next("".join(c["source"]) for c in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_block_hash")
+    hidden_part = cell[cell.index("### BEGIN HIDDEN TESTS"):]
+    program = "def block_hash(prev_hash, token_ids):\n    return 0\n" + hidden_part
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COURSE_HIDDEN_DIR": str(tmp_path / "hidden")}, cwd=tmp_path)
+    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with block_hash" in run.stderr, run.stderr
