@@ -1,0 +1,175 @@
+"""The one thread that owns the engine: it runs the step loop and every engine call.
+
+The engine is not thread-safe, and a hot update must land between two steps (contract 5).
+So HTTP handlers never touch the engine: they hand ``EngineWorker`` a command (a function
+of the engine) and await its future. The loop runs every queued command, then one
+``engine.step()``, and repeats; it sleeps on the queue while there is nothing to step.
+
+A command may block the thread for a long time (``update_weights_from_distributed`` waits
+for the trainer's broadcast); generation simply waits with it, and the HTTP event loop
+stays free because handlers await futures instead of blocking.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from typing import Any, Callable
+
+from course_lib.server.errors import ApiError, from_engine_exception
+
+log = logging.getLogger("course_lib.server")
+_STOP = object()
+
+
+class _Batch:
+    """The requests of one /generate call: resolved when the last of them finishes."""
+
+    def __init__(self, rids: list[str], future: concurrent.futures.Future):
+        self.rids, self.future, self.outputs = rids, future, {}
+
+    def deliver(self, out: dict) -> None:
+        self.outputs[out["rid"]] = out
+        if len(self.outputs) == len(self.rids) and not self.future.done():
+            self.future.set_result([self.outputs[r] for r in self.rids])
+
+
+class EngineWorker:
+    """Runs ``engine`` on a background thread; ``call``/``generate`` are safe from any thread."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: dict[str, _Batch] = {}  # request id -> the batch waiting for it
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self.error: str | None = None  # set if the loop itself died (a bug): health reports it
+
+    # ---- any thread --------------------------------------------------------------------
+    def start(self) -> "EngineWorker":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._commands.put(_STOP)
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """Run ``fn(engine)`` on the engine thread between two steps; its result or error
+        (translated to an ``ApiError``) arrives on the returned future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            future.set_exception(ApiError(503, "unhealthy", f"the engine loop is not running ({self.error})"))
+        else:
+            self._commands.put((fn, future))
+        return future
+
+    async def call(self, fn: Callable[[Any], Any]):
+        """``submit`` for async handlers: awaits without blocking the event loop."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def call_sync(self, fn: Callable[[Any], Any], timeout: float | None = None):
+        """``submit`` and wait (for tests and notebooks that hold a server in-process)."""
+        return self.submit(fn).result(timeout)
+
+    def generate(self, items: list, key: str, params: list) -> concurrent.futures.Future:
+        """Queue one request per item (``key`` is "prompt" or "input_ids"); the future
+        resolves with their outputs in order once every one has finished."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def add(engine):
+            rids = []
+            try:
+                for item, p in zip(items, params):
+                    rids.append(engine.add_request(**{key: item}, sampling_params=p))
+            except BaseException:
+                # Requests already queued still run to the end; nobody waits for their outputs.
+                for rid in rids:
+                    self._waiting[rid] = _Batch([rid], concurrent.futures.Future())
+                raise
+            batch = _Batch(rids, done)
+            for rid in rids:
+                self._waiting[rid] = batch
+
+        def refused(queued: concurrent.futures.Future) -> None:
+            if queued.exception() is not None and not done.done():
+                done.set_exception(queued.exception())
+
+        self.submit(add).add_done_callback(refused)
+        return done
+
+    async def generate_async(self, items: list, key: str, params: list) -> list[dict]:
+        return await asyncio.wrap_future(self.generate(items, key, params))
+
+    # ---- the engine thread -------------------------------------------------------------
+    def _steppable(self) -> bool:
+        e = self.engine
+        if e.unhealthy or not e.has_unfinished_requests():
+            return False
+        return not e.paused or e.pause_mode == "wait"  # only wait mode keeps stepping while paused
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                items = []
+                try:  # sleep on the queue only when there is nothing to step
+                    items.append(self._commands.get(block=not self._steppable()))
+                    while True:
+                        items.append(self._commands.get_nowait())
+                except queue.Empty:
+                    pass
+                if any(item is _STOP for item in items):
+                    break
+                for fn, future in items:
+                    self._run(fn, future)
+                self._step()
+        except BaseException as exc:  # a bug in this loop: fail loudly, never hang callers
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("engine loop died")
+            raise
+        finally:
+            self._fail_waiters(ApiError(503, "unhealthy", "the engine loop stopped"))
+            while True:  # commands that arrived too late
+                try:
+                    item = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP:
+                    item[1].set_exception(ApiError(503, "unhealthy", "the engine loop stopped"))
+
+    def _run(self, fn, future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(self.engine)
+        except BaseException as exc:  # noqa: BLE001 - every error goes back to its caller
+            future.set_exception(from_engine_exception(exc, self.engine))
+        else:
+            future.set_result(result)
+
+    def _step(self) -> None:
+        # step() also hands back outputs that finished outside a step (aborted by a pause
+        # or an update), so it runs after every batch of commands, even while paused.
+        if self.engine.unhealthy:
+            self._fail_waiters(from_engine_exception(RuntimeError(self.engine.unhealthy), self.engine))
+            return
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001
+            self._fail_waiters(from_engine_exception(exc, self.engine))
+            return
+        for out in outputs:
+            batch = self._waiting.pop(out["rid"], None)  # None: a duplicate, or nobody waits
+            if batch is not None:
+                batch.deliver(out)
+
+    def _fail_waiters(self, error: ApiError) -> None:
+        for batch in set(self._waiting.values()):
+            if not batch.future.done():
+                batch.future.set_exception(error)
+        self._waiting.clear()
