@@ -29,7 +29,8 @@ def read_line(proc, timeout: float) -> str:
             return proc.stdout.readline()
         if proc.poll() is not None:
             break
-    raise AssertionError(f"server printed no address (exit code {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}")
+    stderr = proc.stderr.read() if proc.poll() is not None else ""
+    raise AssertionError(f"server printed no address (exit code {proc.poll()}): {stderr}")
 
 
 @pytest.fixture(scope="module")

@@ -143,10 +143,11 @@ class RunsCode:
 def tensor_payloads(new_ckpt, marker) -> dict:
     tensors = list(CheckpointReader(new_ckpt).iter_tensors())
     good = bucket.pack(tensors[:3])
-    overrun = dict(good, metadata=[bucket.FlattenedTensorMetadata(m.name, m.shape, m.dtype, m.start_idx,
-                                                                  m.end_idx + 10_000, m.numel) for m in good["metadata"]])
-    wrong_numel = dict(good, metadata=[bucket.FlattenedTensorMetadata(m.name, torch.Size([3, 3]), m.dtype,
-                                                                      m.start_idx, m.end_idx, m.numel) for m in good["metadata"]])
+    meta = bucket.FlattenedTensorMetadata
+    overrun = dict(good, metadata=[meta(m.name, m.shape, m.dtype, m.start_idx, m.end_idx + 10_000, m.numel)
+                                   for m in good["metadata"]])
+    wrong_numel = dict(good, metadata=[meta(m.name, torch.Size([3, 3]), m.dtype, m.start_idx, m.end_idx, m.numel)
+                                       for m in good["metadata"]])
     # Good tensors first, one bad one last: the whole chunk is refused, not the part before it.
     unknown = bucket.pack(tensors[3:6] + [("model.layers.0.not_a_weight", torch.ones(4))])
     wrong_shape = tensors[3:6] + [("model.norm.weight", torch.ones(3))]

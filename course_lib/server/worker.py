@@ -32,8 +32,20 @@ class _Batch:
 
     def deliver(self, out: dict) -> None:
         self.outputs[out["rid"]] = out
-        if len(self.outputs) == len(self.rids) and not self.future.done():
-            self.future.set_result([self.outputs[r] for r in self.rids])
+        if len(self.outputs) == len(self.rids):
+            settle(self.future, result=[self.outputs[r] for r in self.rids])
+
+
+def settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """Resolve ``future`` unless it is already done: its HTTP caller may have gone away and
+    cancelled it from another thread, which must never break the engine loop."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 class EngineWorker:
@@ -97,8 +109,8 @@ class EngineWorker:
                 self._waiting[rid] = batch
 
         def refused(queued: concurrent.futures.Future) -> None:
-            if queued.exception() is not None and not done.done():
-                done.set_exception(queued.exception())
+            if not queued.cancelled() and queued.exception() is not None:
+                settle(done, error=queued.exception())
 
         self.submit(add).add_done_callback(refused)
         return done
@@ -123,10 +135,11 @@ class EngineWorker:
                         items.append(self._commands.get_nowait())
                 except queue.Empty:
                     pass
+                for item in items:
+                    if item is not _STOP:
+                        self._run(*item)
                 if any(item is _STOP for item in items):
                     break
-                for fn, future in items:
-                    self._run(fn, future)
                 self._step()
         except BaseException as exc:  # a bug in this loop: fail loudly, never hang callers
             self.error = f"{type(exc).__name__}: {exc}"
@@ -140,7 +153,7 @@ class EngineWorker:
                 except queue.Empty:
                     break
                 if item is not _STOP:
-                    item[1].set_exception(ApiError(503, "unhealthy", "the engine loop stopped"))
+                    settle(item[1], error=ApiError(503, "unhealthy", "the engine loop stopped"))
 
     def _run(self, fn, future: concurrent.futures.Future) -> None:
         if not future.set_running_or_notify_cancel():
@@ -170,6 +183,5 @@ class EngineWorker:
 
     def _fail_waiters(self, error: ApiError) -> None:
         for batch in set(self._waiting.values()):
-            if not batch.future.done():
-                batch.future.set_exception(error)
+            settle(batch.future, error=error)
         self._waiting.clear()
