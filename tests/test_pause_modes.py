@@ -205,3 +205,17 @@ def test_no_stale_prefix_cache_after_update(ckpts, flush):
     out = engine.generate(prompt, greedy())[0]
     assert out["meta_info"]["cached_tokens"] == 0
     assert out["output_ids"] == cold(b, [prompt])[0]
+
+
+def test_wait_mode_returns_each_output_exactly_once(ckpts):
+    a, b = ckpts
+    engine = Engine(a)
+    rids = [engine.add_request(p, greedy(n)) for p, n in zip(PROMPTS, (3, 6, 9, 12))]
+    engine.step()
+    engine.pause_generation("wait")
+    engine.update_weights_from_disk(b)
+    engine.continue_generation()
+    seen = []
+    while engine.has_unfinished_requests() or engine._pending:
+        seen += [o["rid"] for o in engine.step()]
+    assert sorted(seen) == sorted(rids)

@@ -167,8 +167,7 @@ def test_update_from_distributed_with_a_gloo_trainer(server, ckpts):
             assert client.destroy_weights_update_group()["success"]
             assert client.health()["healthy"]
         stats = results.get(timeout=60)
-        child.join(timeout=60)
-        assert child.exitcode == 0 and buckets == stats["buckets"] > 2
+        assert trainer.wait_for_exit(child, 60) == 0 and buckets == stats["buckets"] > 2
     finally:
         if child.is_alive():
             child.kill()

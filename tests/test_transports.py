@@ -50,8 +50,7 @@ def test_ipc_buckets_from_another_process(ckpts):
         assert result["success"]
         acks.put(receipt)  # only now may the trainer free the bucket
         n += 1
-    child.join(timeout=60)
-    assert child.exitcode == 0 and n > 3  # several buckets, each applied on its own
+    assert trainer.wait_for_exit(child) == 0 and n > 3  # several buckets, each applied on its own
     assert engine.update_weights_from_tensor([], weight_version="v2")["success"]  # empty trailing bucket
     assert engine.flush_cache()
     engine.continue_generation()
@@ -93,8 +92,7 @@ def test_broadcast_from_a_trainer_rank(ckpts):
         engine.update_weights_from_distributed(**request, flush_cache=False)
         buckets += 1
     stats = results.get(timeout=60)
-    child.join(timeout=60)
-    assert child.exitcode == 0
+    assert trainer.wait_for_exit(child) == 0
     assert buckets == stats["buckets"] > 2  # fixed-size buckets, two buffers used in turn
     assert stats["bytes"] >= CheckpointReader(b).nbytes()
     engine.flush_cache()
@@ -163,8 +161,7 @@ def test_refused_distributed_update_still_drains_the_broadcast(ckpts):
         engine.update_weights_from_distributed(**bad)
     while (request := announcements.get(timeout=60)) is not None:  # the rest still flows
         engine.update_weights_from_distributed(**request)
-    child.join(timeout=60)
-    assert child.exitcode == 0
+    assert trainer.wait_for_exit(child) == 0
     # Expected: the old weights plus every bucket but the refused one.
     expected = Engine(a)
     new = dict(CheckpointReader(b).iter_tensors())

@@ -8,6 +8,8 @@ notebook cannot spawn functions defined in itself).
 """
 from __future__ import annotations
 
+import time
+
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.dist import WeightBroadcaster
 from course_lib.weights.transports.ipc import BucketSender
@@ -38,3 +40,18 @@ def push_broadcast(checkpoint_path, master_port: int, announcements, bucket_byte
     announcements.put(None)
     if results is not None:
         results.put(stats)
+
+
+def wait_for_exit(process, timeout: float = 120.0) -> int:
+    """Wait for a trainer process to end; returns its exit code.
+
+    Not ``process.join()``: with CPU shared memory, the child starts torch's
+    ``torch_shm_manager`` daemon, which inherits the pipe ``join`` watches and keeps it
+    open long after the child has exited. Polling the exit code (waitpid) does not care.
+    """
+    deadline = time.monotonic() + timeout
+    while process.exitcode is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trainer process {process.pid} still running after {timeout} s")
+        time.sleep(0.02)
+    return process.exitcode

@@ -1,0 +1,195 @@
+"""How fast each hot-update path moves the bytes, against the hardware's own limits.
+
+    python -m course_lib.bench update --preset qwen3-1.7b --json out.json
+
+Measured in one run, on the same checkpoint:
+
+- baselines: one large device-to-device copy of the model's bytes (GPU) or memcpy (CPU);
+  host-to-device from pinned and from pageable memory (GPU);
+- a plain per-tensor ``param.copy_(src)`` loop from tensors already on the device (what a
+  naive in-process update does);
+- IPC: a separate trainer process hands over flattened buckets (CUDA IPC handles on GPU,
+  shared memory on CPU); engine-side time (the ``update_weights_from_tensor`` calls) and
+  end to end (including the trainer packing each bucket);
+- disk: ``update_weights_from_disk`` from a page-cached checkpoint, layer by layer and
+  with full staging;
+- transformers' ``model.load_state_dict(load_file(...))`` on the same files, when
+  transformers is installed (what a user would otherwise do).
+
+Every rate is payload bytes per second; ratios are against the baselines above.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import tempfile
+import time
+from datetime import date
+
+import torch
+from tqdm import tqdm
+
+from course_lib import Engine
+from course_lib.layers.quant import kernel_tensors
+from course_lib.weights.checkpoint import CheckpointReader, make_random
+from course_lib.weights.transports import trainer
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_time(fn, device, repeat=5, warmup=1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_baselines(nbytes: int, device: str) -> dict:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    out = {"copy_gbps": nbytes / median_time(lambda: dst.copy_(src), device) / 1e9}
+    if torch.device(device).type == "cuda":
+        for name, pinned in (("h2d_pinned_gbps", True), ("h2d_pageable_gbps", False)):
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+            out[name] = nbytes / median_time(lambda: dst.copy_(host, non_blocking=pinned), device, repeat=3) / 1e9
+            del host
+    del src, dst
+    return out
+
+
+def per_tensor_loop(engine: Engine, reader: CheckpointReader) -> float:
+    """Seconds for ``param.copy_(src)`` over every kernel tensor, sources already on the device."""
+    live = kernel_tensors(engine.model)
+    sources = {n: torch.empty_like(t).copy_(t) for n, t in live.items() if t.is_floating_point()}
+
+    def loop():
+        for name, src in sources.items():
+            live[name].copy_(src)
+    seconds = median_time(loop, engine.config.device)
+    nbytes = sum(t.numel() * t.element_size() for t in sources.values())
+    del sources
+    return nbytes / seconds / 1e9
+
+
+def ipc_update(engine: Engine, path, bucket_bytes: int) -> dict:
+    """A trainer process pushes buckets; returns engine-side and end-to-end GB/s."""
+    ctx = mp.get_context("spawn")
+    payloads, acks = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=trainer.push_ipc, args=(path, payloads, acks, bucket_bytes, engine.config.device))
+    child.start()
+    engine.pause_generation("abort")
+    first = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
+    t_start, engine_s, nbytes, item = time.perf_counter(), 0.0, 0, first
+    while item is not None:
+        receipt, payload = item
+        t0 = time.perf_counter()
+        result = engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
+        engine_s += time.perf_counter() - t0
+        nbytes += result["bytes"]
+        acks.put(receipt)
+        item = payloads.get(timeout=600)
+    end_to_end = time.perf_counter() - t_start
+    trainer.wait_for_exit(child, 600)
+    engine.flush_cache()
+    engine.continue_generation()
+    return {"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9, "end_to_end_gbps": nbytes / end_to_end / 1e9}
+
+
+def transformers_load(path, device: str) -> float | None:
+    """GB/s of transformers' load_state_dict(load_file(...)) into a model already built."""
+    try:
+        import transformers
+        from safetensors.torch import load_file
+    except ImportError:
+        return None
+    reader = CheckpointReader(path)
+    config = transformers.AutoConfig.from_pretrained(path)
+    with torch.device(device):
+        model = transformers.Qwen3ForCausalLM(config).to(reader.config.dtype)
+    files = sorted({str(f) for f in reader.files.values()})
+
+    def load():
+        for f in files:
+            model.load_state_dict(load_file(f, device=str(device)), strict=False)
+    gbps = reader.nbytes() / median_time(load, device, repeat=3) / 1e9
+    del model
+    return gbps
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m course_lib.bench update")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--no-transformers", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    device, gpu = args.device, torch.device(args.device).type == "cuda"
+    res = {"benchmark": "update", "preset": args.preset, "device": device, "date": date.today().isoformat(),
+           "hardware": torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine()),
+           "torch": torch.__version__, "bucket_mb": args.bucket_mb}
+    steps = tqdm(total=6, desc="update benchmark")
+    with tempfile.TemporaryDirectory() as tmp:
+        a = make_random(f"{tmp}/a", args.preset, seed=1, device=device if gpu else "cpu")
+        b = make_random(f"{tmp}/b", args.preset, seed=2, device=device if gpu else "cpu")
+        reader = CheckpointReader(b)
+        res["model_bytes"] = nbytes = reader.nbytes()
+        res.update(copy_baselines(nbytes, device)); steps.update()
+        t0 = time.perf_counter()
+        engine = Engine(a, device=device, max_num_seqs=8, max_model_len=512)
+        res["engine_start_s"] = time.perf_counter() - t0
+        res["per_tensor_copy_gbps"] = per_tensor_loop(engine, reader); steps.update()
+        res["ipc"] = ipc_update(engine, b, args.bucket_mb << 20); steps.update()
+        for staging in ("layer", "full"):
+            engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
+            t0 = time.perf_counter()
+            r = engine.update_weights_from_disk(b, staging=staging)
+            res[f"disk_{staging}"] = {"gbps": nbytes / (time.perf_counter() - t0) / 1e9,
+                                      "timings_ms": r["timings_ms"], "memory": r.get("memory")}
+            steps.update()
+        del engine
+        if gpu:
+            torch.cuda.empty_cache()
+        res["transformers_gbps"] = None if args.no_transformers else transformers_load(b, device)
+        steps.update()
+    steps.close()
+    report(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return res
+
+
+def report(r: dict) -> None:
+    ref = "copy"
+    print(f"\nhot update, preset {r['preset']} ({r['model_bytes'] / 1e9:.2f} GB), {r['hardware']}, {r['date']}")
+    print(f"  baseline copy (device-to-device / memcpy)  {r['copy_gbps']:8.1f} GB/s")
+    if "h2d_pinned_gbps" in r:
+        print(f"  baseline host-to-device pinned / pageable  {r['h2d_pinned_gbps']:8.1f} / {r['h2d_pageable_gbps']:.1f} GB/s")
+    rows = [("per-tensor copy_ loop", r["per_tensor_copy_gbps"], ref),
+            ("IPC buckets, engine side", r["ipc"]["engine_gbps"], ref),
+            ("IPC buckets, end to end", r["ipc"]["end_to_end_gbps"], ref),
+            ("disk, layer by layer", r["disk_layer"]["gbps"], "h2d"),
+            ("disk, full staging", r["disk_full"]["gbps"], "h2d")]
+    for name, gbps, base in rows:
+        denom = r["copy_gbps"] if base == ref else r.get("h2d_pinned_gbps")
+        ratio = f"{gbps / denom:6.0%} of {'copy' if base == ref else 'pinned H2D'}" if denom else ""
+        print(f"  {name:<36} {gbps:8.1f} GB/s  {ratio}")
+    if r.get("transformers_gbps"):
+        print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
+              f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")
+
+
+if __name__ == "__main__":
+    main()
