@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# On the GPU machine: every cuda-marked test, then the GPU benchmarks, in one call.
-#   bash scripts/gpu_check.sh            (logs and JSON under $OUT, or gpu-latest/)
-# Runs from the repository root without installing anything (torch, safetensors,
-# transformers and pytest are already there).
+# On the GPU machine: every cuda-marked test, the judge's CUDA cases, then the GPU
+# benchmarks, in one call. Runs from the repository root without installing anything
+# (torch, safetensors, transformers and pytest are already there).
+#   bash scripts/gpu_check.sh          tests + judge + benchmarks at ~0.6B / ~1.7B
+#   bash scripts/gpu_check.sh large    the ~8B benchmarks only
+# Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-latest}
@@ -11,9 +13,14 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 status=0
+if [ "${1:-}" = "large" ]; then
+    python -m course_lib.bench decode --preset qwen3-8b --batch 1 8 --json "$out/decode_qwen3-8b.json" || status=1
+    python -m course_lib.bench update --preset qwen3-8b --bucket-mb 1024 --json "$out/update_qwen3-8b.json" 2>&1 | grep -v "it/s]" || status=1
+    exit $status
+fi
 python -m pytest -m cuda -p no:cacheprovider -q -rA --continue-on-collection-errors 2>&1 | tee "$out/pytest_cuda.log" || status=1
 # The judge's CUDA cases (graded here, "not graded" on CPU machines).
 python practice/judge.py check 2>&1 | tee "$out/judge_check.log" || status=1
 python -m course_lib.bench decode --preset qwen3-0.6b --batch 1 8 --json "$out/decode_qwen3-0.6b.json" || status=1
-python -m course_lib.bench decode --preset qwen3-8b --batch 1 8 --json "$out/decode_qwen3-8b.json" || status=1
+python -m course_lib.bench update --preset qwen3-1.7b --bucket-mb 512 --json "$out/update_qwen3-1.7b.json" 2>&1 | grep -v "it/s]" || status=1
 exit $status

@@ -27,8 +27,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_decode(engine: Engine, batch: int, steps: int, warmup: int = 3) -> float:
-    """Median seconds per decode step for ``batch`` running requests."""
+def time_decode(engine: Engine, batch: int, steps: int, warmup: int = 20) -> float:
+    """Median seconds per decode step for ``batch`` running requests (after ``warmup``
+    steps, which also bring an idle GPU's clocks up)."""
     params = {"max_new_tokens": steps + warmup + 2, "temperature": 0, "ignore_eos": True}
     for i in range(batch):
         engine.add_request(input_ids=[(7 * i + j) % 250 + 1 for j in range(16)], sampling_params=params)
