@@ -59,13 +59,20 @@ def test_ipc_buckets_from_another_process(ckpts):
     assert_addresses_unchanged(engine)
 
 
-def test_sender_keeps_buckets_alive_until_acknowledged(ckpts):
+def test_sender_reuses_buffers_only_after_acknowledgement(ckpts):
     tensors = list(CheckpointReader(ckpts[1]).iter_tensors())
-    sender = BucketSender(bucket_bytes=50_000)
-    receipts = [r for r, _ in sender.payloads(tensors)]
-    assert sender.num_alive == len(receipts) > 1
-    for r in receipts:
-        sender.release(r)
+    sender = BucketSender(bucket_bytes=140_000, num_buffers=2)  # above the largest tensor
+    payloads = sender.payloads(tensors)
+    first, second = next(payloads), next(payloads)
+    assert sender.num_alive == 2
+    with pytest.raises(RuntimeError, match="unacknowledged"):
+        next(payloads)  # a third bucket would overwrite the first before the engine read it
+    sender = BucketSender(bucket_bytes=140_000, num_buffers=2)  # above the largest tensor
+    seen = []
+    for receipt, payload in sender.payloads(tensors):
+        seen.append(safe_pickle.deserialize(payload)["flattened_tensor"].untyped_storage().data_ptr())
+        sender.release(receipt)
+    assert len(set(seen)) <= 2 < len(seen)  # many buckets, two buffers
     assert sender.num_alive == 0
 
 

@@ -91,19 +91,23 @@ def ipc_update(engine: Engine, path, bucket_bytes: int) -> dict:
     engine.pause_generation("abort")
     first = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
     t_start, engine_s, nbytes, item = time.perf_counter(), 0.0, 0, first
+    phases: dict[str, float] = {}
     while item is not None:
         receipt, payload = item
         t0 = time.perf_counter()
         result = engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
         engine_s += time.perf_counter() - t0
         nbytes += result["bytes"]
+        for phase, ms in result["timings_ms"].items():
+            phases[phase] = phases.get(phase, 0.0) + ms
         acks.put(receipt)
         item = payloads.get(timeout=600)
     end_to_end = time.perf_counter() - t_start
     trainer.wait_for_exit(child, 600)
     engine.flush_cache()
     engine.continue_generation()
-    return {"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9, "end_to_end_gbps": nbytes / end_to_end / 1e9}
+    return {"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9, "end_to_end_gbps": nbytes / end_to_end / 1e9,
+            "engine_ms_by_phase": phases}
 
 
 def transformers_load(path, device: str) -> float | None:
@@ -133,6 +137,8 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bucket-mb", type=int, default=512)
     p.add_argument("--no-transformers", action="store_true")
+    p.add_argument("--parts", nargs="+", default=["loop", "ipc", "disk", "transformers"],
+                   help="which measurements to run (the copy baselines always run)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device, gpu = args.device, torch.device(args.device).type == "cuda"
@@ -149,9 +155,13 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         engine = Engine(a, device=device, max_num_seqs=8, max_model_len=512)
         res["engine_start_s"] = time.perf_counter() - t0
-        res["per_tensor_copy_gbps"] = per_tensor_loop(engine, reader); steps.update()
-        res["ipc"] = ipc_update(engine, b, args.bucket_mb << 20); steps.update()
-        for staging in ("layer", "full"):
+        if "loop" in args.parts:
+            res["per_tensor_copy_gbps"] = per_tensor_loop(engine, reader)
+        steps.update()
+        if "ipc" in args.parts:
+            res["ipc"] = ipc_update(engine, b, args.bucket_mb << 20)
+        steps.update()
+        for staging in ("layer", "full") if "disk" in args.parts else ():
             engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
             t0 = time.perf_counter()
             r = engine.update_weights_from_disk(b, staging=staging)
@@ -161,7 +171,8 @@ def main(argv=None) -> dict:
         del engine
         if gpu:
             torch.cuda.empty_cache()
-        res["transformers_gbps"] = None if args.no_transformers else transformers_load(b, device)
+        use_hf = "transformers" in args.parts and not args.no_transformers
+        res["transformers_gbps"] = transformers_load(b, device) if use_hf else None
         steps.update()
     steps.close()
     report(res)
@@ -177,16 +188,23 @@ def report(r: dict) -> None:
     print(f"  baseline copy (device-to-device / memcpy)  {r['copy_gbps']:8.1f} GB/s")
     if "h2d_pinned_gbps" in r:
         print(f"  baseline host-to-device pinned / pageable  {r['h2d_pinned_gbps']:8.1f} / {r['h2d_pageable_gbps']:.1f} GB/s")
-    rows = [("per-tensor copy_ loop", r["per_tensor_copy_gbps"], ref),
-            ("IPC buckets, engine side", r["ipc"]["engine_gbps"], ref),
-            ("IPC buckets, end to end", r["ipc"]["end_to_end_gbps"], ref),
-            ("disk, layer by layer", r["disk_layer"]["gbps"], "h2d"),
-            ("disk, full staging", r["disk_full"]["gbps"], "h2d")]
+    rows = []
+    if "per_tensor_copy_gbps" in r:
+        rows.append(("per-tensor copy_ loop", r["per_tensor_copy_gbps"], ref))
+    if "ipc" in r:
+        rows += [("IPC buckets, engine side", r["ipc"]["engine_gbps"], ref),
+                 ("IPC buckets, end to end", r["ipc"]["end_to_end_gbps"], ref)]
+    for staging in ("layer", "full"):
+        if f"disk_{staging}" in r:
+            rows.append((f"disk, {'layer by layer' if staging == 'layer' else 'full staging'}",
+                         r[f"disk_{staging}"]["gbps"], "h2d"))
     for name, gbps, base in rows:
         denom = r["copy_gbps"] if base == ref else r.get("h2d_pinned_gbps")
         ratio = f"{gbps / denom:6.0%} of {'copy' if base == ref else 'pinned H2D'}" if denom else ""
         print(f"  {name:<36} {gbps:8.1f} GB/s  {ratio}")
-    if r.get("transformers_gbps"):
+    if "ipc" in r:
+        print("  IPC engine-side ms by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in r["ipc"]["engine_ms_by_phase"].items()))
+    if r.get("transformers_gbps") and "disk_layer" in r:
         print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
               f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")
 

@@ -6,6 +6,7 @@ The public surface follows SGLang's offline Engine (``generate`` returns ``text`
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 
@@ -78,14 +79,15 @@ class Engine(HotUpdateMixin):
                  max_num_seqs: int = 16, max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
-                 quantization: str | None = None):
+                 quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1):
         t0 = time.perf_counter()
         # What a cold restart would be built with (the hot == cold oracle rebuilds from it).
         self.init_options = dict(device=device, dtype=dtype, enable_cuda_graph=enable_cuda_graph,
                                  max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
                                  num_kv_blocks=num_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
                                  enable_prefix_caching=enable_prefix_caching, seed=seed,
-                                 cuda_graph_batch_sizes=cuda_graph_batch_sizes, quantization=quantization)
+                                 cuda_graph_batch_sizes=cuda_graph_batch_sizes, quantization=quantization,
+                                 tp_rank=tp_rank, tp_size=tp_size)
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but torch sees no GPU")
         self.model_path = str(model_path)
@@ -105,7 +107,9 @@ class Engine(HotUpdateMixin):
         self.timings: dict[str, float] = {}
         t1 = time.perf_counter()
         self.quantization = quantization  # fixed at start-up: changing it needs a restart
-        self.model = load_model(reader, device, self.config.dtype, quantization=quantization)
+        # tp_size > 1: this process is one rank of a TPEngine (engine/tp.py), which set up
+        # the process group the sharded layers all-reduce over.
+        self.model = load_model(reader, device, self.config.dtype, tp_rank, tp_size, quantization=quantization)
         self.timings["load_weights_s"] = time.perf_counter() - t1
         if num_kv_blocks is None:  # room for every slot's sequence at full length
             num_kv_blocks = max_num_seqs * -(-max_model_len // block_size)
@@ -127,6 +131,7 @@ class Engine(HotUpdateMixin):
         self.update_history: list[dict] = []
         self._weight_groups: dict = {}      # torch.distributed groups a trainer broadcasts on
         self.snapshot: dict | None = None   # host copy of the weights for rollback (take_snapshot)
+        self._ipc_keepalive = collections.deque(maxlen=4)  # recently received CUDA IPC buffers
         self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
         self.step_log: list[dict] = []      # per step: which requests ran, prefill or decode, which version

@@ -124,8 +124,10 @@ class HotUpdateMixin:
                               f"e.g. {next(iter(waiting.items()))}; send them first")
         t0 = time.perf_counter()
         if self.paused:
+            self.verify_addresses()  # the full audit, once per pause, before serving again
             self.paused, self.pause_mode = False, None
             if torch.device(self.config.device).type == "cuda":
+                self._ipc_keepalive.clear()  # unmap the trainer's buffers
                 torch.cuda.empty_cache()  # return the update's temporaries (as SGLang does)
             self.pause_stats[-1]["resume_ms"] = 1e3 * (time.perf_counter() - t0)
         return {"paused": False}
@@ -147,10 +149,11 @@ class HotUpdateMixin:
             extras[f"cuda_graph_logits[{bs}]"] = out
         return extras
 
-    def verify_addresses(self) -> None:
-        """Raise AddressMovedError (and stop serving) if a tensor kernels read has moved."""
+    def verify_addresses(self, only: set[str] | None = None) -> None:
+        """Raise AddressMovedError (and stop serving) if a tensor kernels read has moved
+        (``only``: just these parameter names)."""
         try:
-            self.address_audit.verify(self.model, self._audited_extras())
+            self.address_audit.verify(self.model, self._audited_extras(), only)
         except AddressMovedError as exc:
             self.unhealthy = str(exc)
             raise
@@ -219,6 +222,12 @@ class HotUpdateMixin:
         def apply(timer: PhaseTimer) -> dict:
             commit(self.model, named_tensors, self.config.device)
             timer.lap("copy")
+            if self.quantization is None:
+                # Checkpoint format is kernel format: nothing to post-process, and only the
+                # parameters this chunk wrote need auditing now (the full audit runs when
+                # generation resumes).
+                touched = {t[0] for t in map(self.model.map_checkpoint_name, (n for n, _ in named_tensors)) if t}
+                return {"audit_only": touched}
             process_weights_after_loading(self.model, allow_pending=allow_pending)
             timer.lap("post_process")
             return {}
@@ -310,6 +319,11 @@ class HotUpdateMixin:
         timer = PhaseTimer()
         self._refuse_if_busy(abort_all_requests)
         tensors = decode_tensor_payload(named_tensors, load_format, tp_rank=getattr(self.model, "tp_rank", 0))
+        if tensors and tensors[0][1].is_cuda:
+            # Keep the last few received buffers mapped: a trainer that reuses its buffers
+            # then costs one IPC handle opening per buffer, not one per bucket.
+            self._ipc_keepalive.append(tensors[0][1].untyped_storage())
+        timer.lap("deserialize")
         if not tensors:
             if weight_version is not None:
                 self.weight_version = str(weight_version)
@@ -415,7 +429,7 @@ class HotUpdateMixin:
             self._drain(wait_timeout_s, record)
             timer.lap("wait")
         extra = apply(timer)
-        self.verify_addresses()
+        self.verify_addresses(only=extra.pop("audit_only", None))
         timer.lap("audit")
         self.weight_update_count += 1
         self.block_manager.salt = self.weight_update_count  # old prefix entries can never match again

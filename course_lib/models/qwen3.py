@@ -126,8 +126,15 @@ class Qwen3ForCausalLM(nn.Module):
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """HF tensor name -> (engine parameter name, shard id), or None for ignored entries.
 
-        Raises KeyError for a name this model has no parameter for.
+        Raises KeyError for a name this model has no parameter for. Cached: updates map
+        the same few hundred names every time.
         """
+        cache = self.__dict__.setdefault("_name_cache", {})
+        if name not in cache:
+            cache[name] = self._map_name(name)
+        return cache[name]
+
+    def _map_name(self, name: str) -> tuple[str, object] | None:
         if name.endswith(self.ignored_suffixes):
             return None
         if name == "lm_head.weight" and self.config.tie_word_embeddings:

@@ -50,11 +50,23 @@ class AddressAudit:
     def record(cls, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> "AddressAudit":
         return cls(kernel_tensors(model, extra))
 
-    def violations(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> list[str]:
-        """One line per tensor whose address (or shape, dtype, device) differs, or that vanished."""
-        now = kernel_tensors(model, extra)
+    def violations(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None,
+                   only: set[str] | None = None) -> list[str]:
+        """One line per tensor whose address (or shape, dtype, device) differs, or that
+        vanished. ``only``: check just these names (what one chunk of an update wrote)."""
+        if only is None:
+            now = kernel_tensors(model, extra)
+        else:  # a direct lookup per name: much cheaper than walking every module
+            now = {}
+            for name in only:
+                try:
+                    now[name] = model.get_parameter(name)
+                except AttributeError:
+                    pass
         lines = []
         for name, before in self.recorded.items():
+            if only is not None and name not in only:
+                continue
             if name not in now:
                 lines.append(f"{name}: no longer present")
                 continue
@@ -67,8 +79,9 @@ class AddressAudit:
                     lines.append(f"{name}: {field} changed from {was} to {became}")
         return lines
 
-    def verify(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> None:
-        lines = self.violations(model, extra)
+    def verify(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None,
+               only: set[str] | None = None) -> None:
+        lines = self.violations(model, extra, only)
         if lines:
             raise AddressMovedError(
                 f"{len(lines)} tensors read by kernels moved (a captured CUDA graph would read stale "

@@ -37,26 +37,55 @@ def group_into_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket
 
 
 class BucketSender:
-    """Packs and serializes buckets, keeping each alive until its receipt is released."""
+    """Packs buckets into a fixed set of buffers used in turn, and serializes them.
 
-    def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device=None):
+    Reusing the same buffers means the engine maps each buffer's IPC handle once (it keeps
+    recent mappings open) instead of once per bucket. A buffer is reused only after the
+    engine has acknowledged the bucket in it: with two buffers, the next bucket is packed
+    while the engine applies the current one.
+    """
+
+    def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device=None, num_buffers: int = 2):
         self.bucket_bytes = bucket_bytes
         self.device = device
-        self._alive: dict[int, dict] = {}
+        self.num_buffers = num_buffers
+        self._buffers: list[torch.Tensor | None] = [None] * num_buffers
+        self._in_use: dict[int, int] = {}   # receipt -> buffer slot, until released
+        self._oversize: dict[int, dict] = {}  # receipt -> a one-off bucket too big for the buffers
         self._next = 0
 
+    def _buffer(self, slot: int, need: int, device) -> torch.Tensor:
+        buf = self._buffers[slot]
+        if buf is None:
+            buf = self._buffers[slot] = torch.empty(max(need, self.bucket_bytes), dtype=torch.uint8, device=device)
+        return buf
+
     def payloads(self, named_tensors) -> Iterator[tuple[int, str]]:
-        """(receipt, base64 payload) per bucket; payloads are ``load_format="flattened_bucket"``."""
+        """(receipt, base64 payload) per bucket; payloads are ``load_format="flattened_bucket"``.
+        Raises if a buffer is needed again before its bucket was released."""
         for group in group_into_buckets(named_tensors, self.bucket_bytes):
-            packed = bucket.pack(group, device=self.device)
             receipt, self._next = self._next, self._next + 1
-            self._alive[receipt] = packed  # the engine reads this memory until it acknowledges
+            slot = receipt % self.num_buffers
+            if slot in self._in_use.values():
+                raise RuntimeError(f"buffer {slot} still holds an unacknowledged bucket: release() it first "
+                                   f"(at most {self.num_buffers} buckets may be in flight)")
+            need = bucket.bucket_nbytes(group)
+            device = self.device or group[0][1].device
+            if need > self.bucket_bytes:  # one tensor larger than a bucket travels alone
+                packed = bucket.pack(group, device=device)
+                self._oversize[receipt] = packed
+            else:
+                packed = bucket.pack(group, out=self._buffer(slot, need, device))
+                self._in_use[receipt] = slot
+            if torch.device(device).type == "cuda":
+                torch.cuda.current_stream().synchronize()  # the bytes are there before the engine reads
             yield receipt, safe_pickle.serialize(packed)
 
     def release(self, receipt: int) -> None:
-        """The engine acknowledged this bucket: its memory may now be freed."""
-        self._alive.pop(receipt)
+        """The engine acknowledged this bucket: its buffer may be reused (or freed)."""
+        if self._in_use.pop(receipt, None) is None and self._oversize.pop(receipt, None) is None:
+            raise KeyError(f"no bucket {receipt} in flight")
 
     @property
     def num_alive(self) -> int:
-        return len(self._alive)
+        return len(self._in_use) + len(self._oversize)

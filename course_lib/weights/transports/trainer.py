@@ -15,17 +15,29 @@ from course_lib.weights.transports.dist import WeightBroadcaster
 from course_lib.weights.transports.ipc import BucketSender
 
 
-def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu") -> None:
-    """Put one serialized bucket at a time on ``payloads``; wait for its receipt on
-    ``acks`` before releasing its memory; finish with ``None``."""
+def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu", num_buffers: int = 2) -> None:
+    """Put serialized buckets on ``payloads``, at most ``num_buffers`` unacknowledged at a
+    time (the next is packed while the engine applies the last); a bucket's buffer is
+    reused only after its receipt comes back on ``acks``. Finishes with ``None``."""
+    from collections import deque
+
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
-    sender = BucketSender(bucket_bytes, device=device)
+    sender = BucketSender(bucket_bytes, device=device, num_buffers=num_buffers)
+    in_flight: deque[int] = deque()
+
+    def wait_for_ack():
+        acked, expected = acks.get(), in_flight.popleft()
+        if acked != expected:
+            raise RuntimeError(f"acknowledged bucket {acked}, expected {expected}")
+        sender.release(acked)
+
     for receipt, payload in sender.payloads(tensors):
         payloads.put((receipt, payload))
-        acked = acks.get()
-        if acked != receipt:
-            raise RuntimeError(f"acknowledged bucket {acked}, expected {receipt}")
-        sender.release(receipt)
+        in_flight.append(receipt)
+        if len(in_flight) == num_buffers:
+            wait_for_ack()  # frees the buffer the next bucket will be packed into
+    while in_flight:
+        wait_for_ack()
     payloads.put(None)
 
 
