@@ -76,3 +76,16 @@ def test_rebinding_is_invisible_to_a_captured_graph_and_the_audit_catches_it(ckp
     with pytest.raises(AddressMovedError, match="data_ptr changed"):
         engine.verify_addresses()
     assert before  # the engine did serve before the bug
+
+
+def test_pinned_reader_reads_exactly_what_the_cpu_reader_reads(make_ckpt, monkeypatch):
+    from course_lib.weights import pinned_reader
+    from course_lib.weights.checkpoint import CheckpointReader
+    monkeypatch.setattr(pinned_reader, "CHUNK_BYTES", 4096)  # every tensor spans several chunks
+    ckpt = make_ckpt("small", seed=53, max_shard_size=200_000, torch_dtype="bfloat16")
+    reader = CheckpointReader(ckpt)
+    cpu = dict(reader.iter_tensors())
+    gpu = dict(reader.iter_tensors(device="cuda"))
+    assert cpu.keys() == gpu.keys()
+    for name, t in cpu.items():
+        assert gpu[name].is_cuda and gpu[name].dtype == t.dtype and torch.equal(gpu[name].cpu(), t), name

@@ -57,12 +57,8 @@ class AddressAudit:
         if only is None:
             now = kernel_tensors(model, extra)
         else:  # a direct lookup per name: much cheaper than walking every module
-            now = {}
-            for name in only:
-                try:
-                    now[name] = model.get_parameter(name)
-                except AttributeError:
-                    pass
+            params = model._params() if hasattr(model, "_params") else dict(model.named_parameters())
+            now = {name: params[name] for name in only if name in params}
         lines = []
         for name, before in self.recorded.items():
             if only is not None and name not in only:

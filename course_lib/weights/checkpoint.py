@@ -232,8 +232,14 @@ class CheckpointReader:
         return meta
 
     def iter_tensors(self, names=None, device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, tensor) one at a time, file by file (optionally only ``names``)."""
+        """Yield (name, tensor) one at a time, file by file (optionally only ``names``).
+        To a GPU, safetensors files go through pinned buffers (see pinned_reader.py)."""
         wanted = None if names is None else set(names)
+        if self.format == "safetensors" and torch.device(device).type == "cuda":
+            from course_lib.weights.pinned_reader import iter_safetensors_to_gpu
+            for file in self._unique_files():
+                yield from iter_safetensors_to_gpu(file, wanted, device)
+            return
         for file in self._unique_files():
             if self.format == "torch":
                 for name, t in self._load_torch_file(file).items():

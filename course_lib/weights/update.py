@@ -32,13 +32,24 @@ def validate_config(current: ModelConfig, new: ModelConfig) -> None:
                           f"a hot update can only change values: restart the engine for this")
 
 
+_SHAPES_CACHE: dict[tuple, dict] = {}
+
+
+def _expected_shapes(config: ModelConfig) -> dict:
+    """hf_tensor_shapes, cached per structure (an update validates every bucket against it)."""
+    key = tuple(getattr(config, f) for f in config.structural_fields)
+    if key not in _SHAPES_CACHE:
+        _SHAPES_CACHE[key] = hf_tensor_shapes(config)
+    return _SHAPES_CACHE[key]
+
+
 def validate_tensors(config: ModelConfig, meta: dict, partial: bool = False) -> int:
     """Check names, shapes and dtypes against the model; returns the bytes to load.
 
     ``meta`` is {name: (shape, dtype)}. A full update must name every tensor exactly once;
     a partial update (asked for explicitly) may name any subset.
     """
-    expected = hf_tensor_shapes(config)
+    expected = _expected_shapes(config)
     unknown = sorted(set(meta) - set(expected))
     if unknown:
         raise UpdateError(f"{len(unknown)} tensors match no parameter of this model, e.g. {unknown[:3]}")

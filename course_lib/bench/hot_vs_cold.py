@@ -1,0 +1,109 @@
+"""Why hot updates: a cold restart against a hot update of the same weights, same run.
+
+    python -m course_lib.bench hot-vs-cold --preset qwen3-8b --json out.json
+
+Cold: a fresh Python process starts the engine on the new checkpoint and produces its
+first token (process start, imports, device init, weight load, KV pool and CUDA-graph
+capture, first token; see cold_start.py), timed from the moment it is spawned. Hot: the
+running engine pauses, takes the same weights (from a trainer process over IPC, and from
+the page-cached checkpoint on disk), resumes and produces a token. Prints the restart's
+phases and the ratio restart / hot for each path.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from course_lib import Engine
+from course_lib.weights.checkpoint import make_random
+from course_lib.weights.transports import trainer
+
+COLD_START = Path(__file__).with_name("cold_start.py")
+
+
+def cold_restart(path, device: str, max_model_len: int) -> dict:
+    spawned_at = time.time()
+    out = subprocess.run([sys.executable, str(COLD_START), str(path), "--device", device,
+                          "--spawned-at", repr(spawned_at), "--max-model-len", str(max_model_len)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def hot_ipc(engine: Engine, path, bucket_bytes: int) -> float:
+    """Seconds from the first bucket's arrival to the first token after resuming."""
+    ctx = mp.get_context("spawn")
+    payloads, acks = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=trainer.push_ipc, args=(path, payloads, acks, bucket_bytes, engine.config.device))
+    child.start()
+    item = payloads.get(timeout=900)  # the trainer is ready: its weights are packed
+    t0 = time.perf_counter()
+    engine.pause_generation("abort")
+    while item is not None:
+        receipt, payload = item
+        engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
+        acks.put(receipt)
+        item = payloads.get(timeout=900)
+    engine.flush_cache()
+    engine.continue_generation()
+    engine.generate("first token", {"max_new_tokens": 1, "temperature": 0})
+    seconds = time.perf_counter() - t0
+    trainer.wait_for_exit(child, 900)
+    return seconds
+
+
+def hot_disk(engine: Engine, path) -> float:
+    t0 = time.perf_counter()
+    engine.pause_generation("abort")
+    engine.update_weights_from_disk(path)
+    engine.continue_generation()
+    engine.generate("first token", {"max_new_tokens": 1, "temperature": 0})
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m course_lib.bench hot-vs-cold")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bucket-mb", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    gpu = torch.device(args.device).type == "cuda"
+    res = {"benchmark": "hot-vs-cold", "preset": args.preset, "device": args.device, "date": date.today().isoformat(),
+           "hardware": torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine()),
+           "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        a = make_random(f"{tmp}/a", args.preset, seed=1, device=args.device if gpu else "cpu")
+        b = make_random(f"{tmp}/b", args.preset, seed=2, device=args.device if gpu else "cpu")
+        cold_restart(b, args.device, args.max_model_len)  # warm the page cache and the kernel caches
+        res["cold"] = cold_restart(b, args.device, args.max_model_len)
+        engine = Engine(a, device=args.device, max_model_len=args.max_model_len)
+        engine.generate("warm up", {"max_new_tokens": 2, "temperature": 0})
+        res["hot_disk_s"] = min(hot_disk(engine, p_) for p_ in (b, a, b))
+        res["hot_ipc_s"] = min(hot_ipc(engine, p_, args.bucket_mb << 20) for p_ in (a, b))
+    cold = res["cold"]["total"]
+    res["restart_over_hot_ipc"] = cold / res["hot_ipc_s"]
+    res["restart_over_hot_disk"] = cold / res["hot_disk_s"]
+    print(f"\ncold restart vs hot update, preset {args.preset}, {res['hardware']}, {res['date']}")
+    for phase, s in res["cold"].items():
+        print(f"  cold {phase:<28} {s:8.3f} s")
+    print(f"  hot update over IPC, to first token {res['hot_ipc_s']:8.3f} s   restart is {res['restart_over_hot_ipc']:7.0f}x slower")
+    print(f"  hot update from disk, to first token {res['hot_disk_s']:7.3f} s   restart is {res['restart_over_hot_disk']:7.0f}x slower")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()
