@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from course_lib.config import ConfigError, EngineConfig
+from course_lib.config import ConfigError, EngineConfig, ModelConfig
 from course_lib.engine.block_manager import BlockManager
 from course_lib.engine.model_runner import ModelRunner
 from course_lib.engine.scheduler import Scheduler
@@ -20,7 +20,8 @@ from course_lib.engine.sequence import SamplingParams, Sequence
 from course_lib.layers.quant import process_weights_after_loading
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.tokenizer import ByteTokenizer
-from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
+from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes, random_tensor
+from course_lib.weights.transports.remote import WaitingForWeightsError
 from course_lib.engine.hot_update import EngineBusyError, EnginePausedError, HotUpdateMixin  # noqa: F401
 from course_lib.weights.audit import AddressAudit
 
@@ -72,6 +73,18 @@ def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_ran
     return model.eval()
 
 
+def dummy_model(config: ModelConfig, device: str, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
+                quantization: str | None = None, seed: int = 0):
+    """``load_format="dummy"``: the model ``config`` describes, with seeded random weights
+    (nothing read from disk), loaded one tensor at a time through the usual loaders."""
+    with default_dtype(dtype), torch.device(device):
+        model = Qwen3ForCausalLM(config, tp_rank, tp_size, quantization)
+    model.load_weights((name, random_tensor(name, shape, seed, dtype, device))
+                       for name, shape in hf_tensor_shapes(config).items())
+    process_weights_after_loading(model)
+    return model.eval()
+
+
 class Engine(HotUpdateMixin):
     """A hot-updatable inference engine for Qwen3-style checkpoints."""
 
@@ -79,7 +92,7 @@ class Engine(HotUpdateMixin):
                  max_num_seqs: int = 16, max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
-                 quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1):
+                 quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1, load_format: str = "auto"):
         t0 = time.perf_counter()
         # What a cold restart would be built with (the hot == cold oracle rebuilds from it).
         self.init_options = dict(device=device, dtype=dtype, enable_cuda_graph=enable_cuda_graph,
@@ -91,8 +104,13 @@ class Engine(HotUpdateMixin):
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' but torch sees no GPU")
         self.model_path = str(model_path)
-        reader = CheckpointReader(model_path)
-        self.model_config = reader.config
+        # load_format="dummy": only config.json is read; the weights are random and the
+        # engine refuses requests until real ones arrive (receive_weights_from_remote).
+        if load_format not in ("auto", "dummy"):
+            raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+        reader = CheckpointReader(model_path) if load_format == "auto" else None
+        self.model_config = reader.config if reader else ModelConfig.from_pretrained(model_path)
+        self.waiting_for_weights = reader is None
         if enable_cuda_graph is None:
             enable_cuda_graph = torch.device(device).type == "cuda"
         if enable_cuda_graph and torch.device(device).type != "cuda":
@@ -109,7 +127,10 @@ class Engine(HotUpdateMixin):
         self.quantization = quantization  # fixed at start-up: changing it needs a restart
         # tp_size > 1: this process is one rank of a TPEngine (engine/tp.py), which set up
         # the process group the sharded layers all-reduce over.
-        self.model = load_model(reader, device, self.config.dtype, tp_rank, tp_size, quantization=quantization)
+        if reader is None:
+            self.model = dummy_model(self.model_config, device, self.config.dtype, tp_rank, tp_size, quantization, seed)
+        else:
+            self.model = load_model(reader, device, self.config.dtype, tp_rank, tp_size, quantization=quantization)
         self.timings["load_weights_s"] = time.perf_counter() - t1
         if num_kv_blocks is None:  # room for every slot's sequence at full length
             num_kv_blocks = max_num_seqs * -(-max_model_len // block_size)
@@ -145,6 +166,9 @@ class Engine(HotUpdateMixin):
                     rid: str | None = None) -> str:
         """Queue one request; returns its id. Raises ValueError for a prompt that cannot fit."""
         self._check_healthy()
+        if self.waiting_for_weights:
+            raise WaitingForWeightsError("waiting for weights: this engine started with load_format='dummy' "
+                                         "and serves nothing until receive_weights_from_remote() loads them")
         if self.paused:
             raise EnginePausedError("generation is paused for a weight update; retry after continue_generation()")
         if (prompt is None) == (input_ids is None):

@@ -163,7 +163,9 @@ class HotUpdateMixin:
             raise RuntimeError(f"engine is unhealthy and refuses work until restarted: {self.unhealthy}")
 
     def health(self) -> dict:
-        return {"healthy": self.unhealthy is None, "reason": self.unhealthy, "paused": self.paused,
+        waiting = getattr(self, "waiting_for_weights", False)  # load_format="dummy", nothing loaded yet
+        return {"healthy": self.unhealthy is None, "ready": self.unhealthy is None and not waiting,
+                "reason": self.unhealthy or ("waiting for weights" if waiting else None), "paused": self.paused,
                 "weight_version": self.weight_version}
 
     def get_weight_version(self) -> str:
@@ -406,6 +408,164 @@ class HotUpdateMixin:
         return self._commit_update(self._chunk_applier(tensors, allow_pending=True), nbytes, timer, weight_version,
                                    flush_cache, abort_all_requests, wait_timeout_s,
                                    f"received {len(tensors)} tensors over {group_name!r}")
+
+    # ---- sparse, delta and remote-seeding transports --------------------------------------
+    # Thin glue: each validates first, then goes through _commit_update (pause rules, audit,
+    # version, cache salt and flush, pause cost record) like every other update.
+    # The transports themselves live in course_lib/weights/transports/{sparse,delta,remote}.py.
+
+    def _refuse_sharded(self, what: str) -> None:
+        if getattr(self.model, "tp_size", 1) > 1:
+            raise UpdateError(f"{what} is not supported on a tensor-parallel rank: this rank holds only a "
+                              f"shard of each tensor, so it cannot rebuild or send checkpoint tensors")
+
+    def update_weights_sparse(self, payload: dict, flush_cache: bool = True, weight_version: str | None = None,
+                              abort_all_requests: bool = False, wait_timeout_s: float = 600.0) -> dict:
+        """Apply a sparse payload (``sparse.diff``): only changed elements, in checkpoint
+        coordinates. The whole payload is validated first (names, shapes, dtypes, index
+        bounds); a bad one raises ``UpdateError`` with nothing changed. Each touched
+        checkpoint tensor is rebuilt from the engine's current values with the new
+        elements scattered in, then loaded through the model's loaders (fusion included).
+
+        Refused on quantized engines: they keep int8/fp8 values and scales, not the
+        checkpoint's floats, and a tensor rebuilt from dequantized values would carry the
+        rounding of every untouched element into the next quantization (the result would
+        differ from a cold start on the new checkpoint). Send dense tensors to those
+        (``update_weights_from_tensor``). Returns the usual fields; ``bytes`` counts what
+        travelled (indices plus values), ``dense_bytes`` what the touched tensors weigh.
+        """
+        from course_lib.weights.checkpoint import hf_tensor_shapes
+        from course_lib.weights.transports import sparse
+
+        timer = PhaseTimer()
+        if self.quantization is not None:
+            raise UpdateError(f"sparse updates are refused on a {self.quantization}-quantized engine: it does not "
+                              f"hold the checkpoint's floats to scatter into; send the touched tensors densely "
+                              f"with update_weights_from_tensor")
+        self._refuse_sharded("a sparse update")
+        self._refuse_if_busy(abort_all_requests)
+        try:
+            entries = sparse.validate(payload, hf_tensor_shapes(self.model_config))
+        except sparse.SparsePayloadError as exc:
+            raise UpdateError(f"bad sparse payload: {exc}") from exc
+        moved, dense = sparse.payload_nbytes(payload), sparse.dense_nbytes(payload)
+        timer.lap("validate")
+        if not entries:
+            if weight_version is not None:
+                self.weight_version = str(weight_version)
+            return {"success": True, "message": "empty sparse update: nothing changed", "bytes": 0,
+                    "dense_bytes": 0, "elements": 0, "weight_version": self.weight_version,
+                    "weight_update_count": self.weight_update_count, "elapsed_ms": 0.0, "timings_ms": {}}
+        rebuilt = []
+        for (name, shape, _), idx, values in zip(entries, payload["indices"], payload["values"]):
+            # All rows: exactly the checkpoint tensor as the engine holds it (unquantized).
+            current = self.get_weights_by_name(name, truncate_size=shape[0])
+            rebuilt.append((name, sparse.scatter(current, idx, values)))
+        timer.lap("rebuild")
+        result = self._commit_update(self._chunk_applier(rebuilt, allow_pending=True), moved, timer,
+                                     weight_version, flush_cache, abort_all_requests, wait_timeout_s,
+                                     f"sparse update of {sparse.num_elements(payload)} elements in "
+                                     f"{len(entries)} tensors")
+        result.update(dense_bytes=dense, elements=sparse.num_elements(payload))
+        return result
+
+    def update_weights_from_delta(self, base_dir, delta_path, weight_version: str | None = None,
+                                  base_version: str | None = None, flush_cache: bool = True,
+                                  abort_all_requests: bool = False, staging: str = "layer",
+                                  keep_snapshot: bool = False, tmp_dir=None, wait_timeout_s: float = 600.0) -> dict:
+        """Rebuild a checkpoint from a base snapshot on shared disk plus a byte delta
+        (``delta.make_delta``), into a temporary directory, and load it through the usual
+        disk update. A base that is not the delta's base raises ``UpdateError`` before
+        anything is written or changed. ``weight_version`` defaults to the version the
+        delta recorded for the new checkpoint. Adds ``delta_bytes`` and a ``reconstruct``
+        phase to the disk update's result."""
+        import tempfile
+        from pathlib import Path
+
+        from course_lib.weights.transports import delta
+
+        self._refuse_if_busy(abort_all_requests)  # refuse cheaply, before reading any bytes
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="delta-", dir=tmp_dir) as work:
+            try:
+                index = delta.apply_delta(base_dir, delta_path, Path(work) / "checkpoint", base_version)
+            except delta.DeltaError as exc:
+                raise UpdateError(str(exc)) from exc
+            reconstruct_ms = 1e3 * (time.perf_counter() - t0)
+            if weight_version is None:
+                weight_version = index["new"]["weight_version"]
+            result = self.update_weights_from_disk(Path(work) / "checkpoint", weight_version, flush_cache,
+                                                   abort_all_requests, staging=staging,
+                                                   keep_snapshot=keep_snapshot, wait_timeout_s=wait_timeout_s)
+        result["timings_ms"] = {"reconstruct": reconstruct_ms, **result["timings_ms"]}
+        result["elapsed_ms"] += reconstruct_ms
+        result["delta_bytes"] = Path(delta_path).stat().st_size
+        self.waiting_for_weights = False  # a full checkpoint was loaded
+        return result
+
+    def send_weights_to_remote(self, master_address: str, master_port: int, group_name: str = "remote_seed",
+                               backend: str | None = None, bucket_bytes: int | None = None) -> dict:
+        """Seed a new engine: be rank 0 of a two-rank group and broadcast this engine's
+        checkpoint-format weights in buckets (see remote.py). Blocks until the new engine
+        joins and has received everything. Raises ``RemoteSeedError`` if it refuses them
+        (a different structure), or if this engine cannot send exact weights (quantized,
+        a tensor-parallel rank, itself still waiting). Requests in flight keep their
+        state; the weights are only read."""
+        from course_lib.weights.transports import dist as dist_mod
+        from course_lib.weights.transports import remote
+
+        return remote.send(self, master_address, master_port, group_name, backend,
+                           bucket_bytes or dist_mod.DEFAULT_BUCKET_BYTES)
+
+    def receive_weights_from_remote(self, master_address: str, master_port: int, group_name: str = "remote_seed",
+                                    backend: str | None = None, weight_version: str | None = None,
+                                    timeout_s: float = 300.0) -> dict:
+        """Join a source engine's seeding group as rank 1, receive every weight, load them
+        and become ready (an engine started with ``load_format="dummy"`` serves from then
+        on). A source with a different structure is refused before any bytes move (the
+        source is told, so it does not hang). ``weight_version`` defaults to the source's."""
+        from course_lib.layers.quant import process_weights_after_loading as post_process
+        from course_lib.weights.transports import remote
+
+        timer = PhaseTimer()
+        self._refuse_sharded("remote seeding")
+        self._refuse_if_busy(False)
+        device = torch.device(self.config.device)
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        group, _store = dist_transport.new_group(master_address, master_port, 1, 2, group_name, backend, timeout_s)
+        manifest = remote.receive_message(group, 0, device)
+        problem = remote.check_manifest(manifest, self.model_config)
+        remote.send_message(group, remote.verdict(problem), 1, device)
+        if problem:
+            raise UpdateError(f"remote seeding refused: {problem}")
+        buckets = manifest["buckets"]
+        nbytes = sum(torch.Size(s).numel() * getattr(torch, d).itemsize
+                     for b in buckets for d, s in zip(b["dtypes"], b["shapes"]))
+        timer.lap("handshake")
+
+        def apply(timer: PhaseTimer) -> dict:
+            try:
+                for request in buckets:
+                    tensors = dist_transport.receive_bucket(group, request["names"], request["dtypes"],
+                                                            request["shapes"], self.config.device)
+                    timer.lap("transfer")
+                    self._chunk_applier(tensors, allow_pending=True)(timer)  # a fused layer may span buckets
+                post_process(self.model)  # every layer complete now, or refused
+            except Exception as exc:
+                discard_staged_weights(self.model)
+                if not self.waiting_for_weights:  # a serving engine now holds a mix of two versions
+                    self.unhealthy = f"remote seeding failed midway ({exc}); the weights are a mix of two versions"
+                raise UpdateError(f"remote seeding failed midway: {exc}") from exc
+            timer.lap("post_process")
+            return {}
+        version = weight_version if weight_version is not None else manifest["weight_version"]
+        result = self._commit_update(apply, nbytes, timer, version, True, False, 600.0,
+                                     f"seeded {sum(len(b['names']) for b in buckets)} tensors from "
+                                     f"{master_address}:{master_port}")
+        self.waiting_for_weights = False
+        return result
+
+    # ---- end of sparse, delta and remote-seeding transports -----------------------------
 
     def _refuse_if_busy(self, abort_all_requests: bool) -> None:
         in_flight = len(self.scheduler.running) + len(self.scheduler.waiting)
