@@ -1,0 +1,384 @@
+"""Tensor parallelism: one engine spread over several processes, each holding a shard.
+
+``TPEngine(path, tensor_parallel_size=2)`` is an ``Engine`` (rank 0, in the calling
+process) plus one spawned worker process per extra rank. Every rank builds the same
+``Engine`` with its own ``tp_rank``: its model holds that rank's slices (the loaders cut
+them), its KV pool holds its share of the KV heads. The ranks join one default
+``torch.distributed`` process group (gloo on CPU, NCCL on GPUs, on a free loopback
+port), which the sharded layers all-reduce and all-gather over.
+
+Rank 0 alone schedules and samples. Before each forward pass it sends the batch (token
+ids, positions in the cache, block tables) to the workers, and every rank runs the same
+forward, meeting in the same collectives; the workers throw away the logits. On GPU each
+rank captures its own CUDA graphs, collectives included.
+
+Weight updates go to every rank: each loads the same checkpoint tensors through its own
+loaders, which slice them. Rank 0 checks the pause rules first (only it has requests),
+drains ``wait`` mode before anything changes, then the ranks apply in parallel. Ranks
+that disagree (one applied, one failed) leave the engine marked unhealthy.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from course_lib.engine.engine import Engine
+from course_lib.weights.checkpoint import CheckpointReader
+from course_lib.weights.transports.trainer import wait_for_exit
+from course_lib.weights.update import UpdateError
+
+CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools (and CUDA)
+
+
+@dataclass
+class SeqView:
+    """What a worker's ModelRunner reads of a sequence to build the same batch."""
+
+    token_ids: list[int]
+    num_tokens: int
+    num_cached_tokens: int
+    block_table: list[int]
+
+    @classmethod
+    def of(cls, seq) -> "SeqView":
+        return cls(list(seq.token_ids), seq.num_tokens, seq.num_cached_tokens, list(seq.block_table))
+
+
+class WorkerError(RuntimeError):
+    """A worker rank failed; the message carries its traceback."""
+
+
+def _device_for(device: str, rank: int) -> str:
+    return f"cuda:{rank}" if torch.device(device).type == "cuda" else device
+
+
+def _init_group(rank: int, world_size: int, store, device: str, timeout_s: float) -> None:
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s),
+                            device_id=torch.device(f"cuda:{rank}") if cuda else None)
+
+
+def _worker_store(port: int, world_size: int, rank: int, timeout_s: float):
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    store.set(f"joined/{rank}", "1")  # rank 0 waits for this while watching that we are alive
+    return store
+
+
+def check_divisible(config, tp_size: int) -> None:
+    """Each rank must get whole heads, whole KV heads and equal vocabulary and MLP slices."""
+    for what, n in (("num_attention_heads", config.num_attention_heads),
+                    ("num_key_value_heads", config.num_key_value_heads),
+                    ("vocab_size", config.vocab_size), ("intermediate_size", config.intermediate_size)):
+        if n % tp_size:
+            raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")
+
+
+def _summary(result):
+    """What a worker sends back: plain values only (never a snapshot's tensors)."""
+    if isinstance(result, dict):
+        return {k: v for k, v in result.items() if not isinstance(v, (dict, torch.Tensor)) or k == "timings_ms"}
+    return result if isinstance(result, (type(None), bool, int, float, str)) else None
+
+
+def worker_main(rank: int, world_size: int, port: int, model_path: str, options: dict, commands, replies,
+                timeout_s: float) -> None:
+    """A worker rank: build its shard of the engine, then obey rank 0's commands."""
+    try:
+        device = _device_for(options.get("device", "cpu"), rank)
+        if options.get("cpu_threads"):
+            torch.set_num_threads(options["cpu_threads"])
+        _init_group(rank, world_size, _worker_store(port, world_size, rank, timeout_s), device, timeout_s)
+        options = {k: v for k, v in options.items() if k != "cpu_threads"}
+        engine = Engine(model_path, **dict(options, device=device), tp_rank=rank, tp_size=world_size)
+        replies.put((rank, "ok", None))
+    except BaseException:
+        replies.put((rank, "error", traceback.format_exc()))
+        return
+    runner = engine.model_runner
+    while True:
+        cmd = commands.get()
+        kind = cmd[0]
+        if kind == "stop":
+            break
+        try:
+            if kind == "run":            # one step's forward; rank 0 samples
+                runner.forward_logits(cmd[1], cmd[2])
+                continue
+            if kind == "prefill_all":    # the prompt-logits oracle's forward
+                runner.prefill_all_logits(cmd[1])
+                continue
+            if kind == "call":           # an engine method, e.g. update_weights_from_disk
+                _, name, args, kwargs = cmd
+                replies.put((rank, "ok", _summary(getattr(engine, name)(*args, **kwargs))))
+            elif kind == "apply":        # a module-level function of the engine
+                _, fn, args, kwargs = cmd
+                replies.put((rank, "ok", _summary(fn(engine, *args, **kwargs))))
+            elif kind == "parameters":
+                replies.put((rank, "ok", {k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()}))
+        except BaseException as exc:
+            # A failed forward leaves rank 0 inside a collective; it times out there.
+            replies.put((rank, "error", (type(exc).__name__, traceback.format_exc())))
+    dist.destroy_process_group()
+
+
+class _BroadcastRunner:
+    """Rank 0's ModelRunner, which first sends each forward's batch to the workers."""
+
+    def __init__(self, runner, commands: list):
+        self._runner, self._commands = runner, commands
+
+    def _send(self, *cmd) -> None:
+        for q in self._commands:
+            q.put(cmd)
+
+    def forward_logits(self, seqs, is_prefill: bool):
+        self._send("run", [SeqView.of(s) for s in seqs], is_prefill)
+        return self._runner.forward_logits(seqs, is_prefill)
+
+    def run(self, seqs, is_prefill: bool):
+        from course_lib.layers.sampler import sample_batch
+        return sample_batch(self.forward_logits(seqs, is_prefill), seqs)
+
+    def prefill_all_logits(self, seq):
+        self._send("prefill_all", SeqView.of(seq))
+        return self._runner.prefill_all_logits(seq)
+
+    def __getattr__(self, name):  # kv_cache, graph_outputs, ...: rank 0's own
+        return getattr(self._runner, name)
+
+
+class TPEngine(Engine):
+    """An ``Engine`` over ``tensor_parallel_size`` ranks (rank 0 here, the rest spawned).
+
+    Use it as a context manager, or call ``close()``: the workers hold a process group
+    that must be torn down. One TPEngine per process at a time (it owns the process's
+    default group)."""
+
+    def __init__(self, model_path, tensor_parallel_size: int = 2, device: str = "cpu",
+                 timeout_s: float = 120.0, cpu_threads: int | None = None, **options):
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
+        if torch.device(device).type == "cuda" and torch.cuda.device_count() < tensor_parallel_size:
+            raise RuntimeError(f"tensor_parallel_size={tensor_parallel_size} needs as many GPUs; "
+                               f"torch sees {torch.cuda.device_count()}")
+        # Fail here, before any process starts, on what would fail on every rank: a bad
+        # checkpoint dir, or heads / vocabulary that tensor_parallel_size does not divide.
+        check_divisible(CheckpointReader(model_path).config, tensor_parallel_size)
+        if dist.is_initialized():
+            raise RuntimeError("this process already has a default process group (another TPEngine?); "
+                               "close it first")
+        self.tp_size = tensor_parallel_size
+        self.timeout_s = timeout_s
+        self._commands, self._workers, self._replies = [], [], CTX.Queue()
+        self._closed = False
+        # On CPU the ranks share the cores: each gets its share of threads. Oversubscribed,
+        # OpenMP threads spin while they wait for one another and every collective stalls
+        # (measured on 2 busy cores: 0.4 s per decode step with 2 threads per rank, 10-40 ms with 1).
+        self._saved_threads = torch.get_num_threads()
+        if torch.device(device).type == "cpu":
+            cpu_threads = cpu_threads or max(1, len(os.sched_getaffinity(0)) // tensor_parallel_size)
+            torch.set_num_threads(cpu_threads)
+        options = dict(options, device=device, cpu_threads=cpu_threads)
+        # Rank 0 hosts the rendezvous store on a port the OS picks (no race for a "free" one).
+        store = dist.TCPStore("127.0.0.1", 0, tensor_parallel_size, is_master=True,
+                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        port = store.port
+        try:
+            for rank in range(1, tensor_parallel_size):
+                commands = CTX.Queue()
+                proc = CTX.Process(target=worker_main, args=(rank, tensor_parallel_size, port, str(model_path),
+                                                              options, commands, self._replies, timeout_s),
+                                   daemon=True)
+                proc.start()
+                self._commands.append(commands)
+                self._workers.append(proc)
+            self._wait_for_workers_to_join(store)
+            _init_group(0, tensor_parallel_size, store, _device_for(device, 0), timeout_s)
+            engine_options = {k: v for k, v in options.items() if k != "cpu_threads"}
+            super().__init__(model_path, **dict(engine_options, device=_device_for(device, 0)), tp_rank=0,
+                             tp_size=tensor_parallel_size)
+            failed = [(r + 1, v) for r, (status, v) in enumerate(self._gather("start")) if status != "ok"]
+            if failed:
+                raise WorkerError(f"rank {failed[0][0]} failed to start:\n{failed[0][1]}")
+        except BaseException:
+            self.close()
+            raise
+        self.init_options = dict(self.init_options, tensor_parallel_size=tensor_parallel_size)
+        del self.init_options["tp_rank"], self.init_options["tp_size"]
+        self.model_runner = _BroadcastRunner(self.model_runner, self._commands)
+
+    # ---- talking to the workers ----------------------------------------------------------
+    def _wait_for_workers_to_join(self, store) -> None:
+        """Wait for each worker to reach the store, failing fast if one dies first (a
+        blocking rendezvous would wait out the whole timeout for a dead rank)."""
+        deadline = time.monotonic() + self.timeout_s
+        for rank, proc in enumerate(self._workers, start=1):
+            while not store.check([f"joined/{rank}"]):
+                if proc.exitcode is not None:
+                    try:
+                        _, _, detail = self._replies.get(timeout=5.0)
+                    except queue.Empty:
+                        detail = f"exit code {proc.exitcode}"
+                    raise WorkerError(f"rank {rank} failed to start:\n{detail}")
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"rank {rank} did not join within {self.timeout_s} s")
+                time.sleep(0.01)
+
+    def _gather(self, what: str) -> list:
+        """One (status, value) reply from every worker, in rank order; raises if one is silent."""
+        got: dict[int, tuple] = {}
+        while len(got) < len(self._workers):
+            try:
+                rank, status, value = self._replies.get(timeout=self.timeout_s)
+            except queue.Empty:
+                silent = sorted(set(range(1, self.tp_size)) - set(got))
+                raise WorkerError(f"{what}: no reply from ranks {silent} within {self.timeout_s} s") from None
+            got[rank] = (status, value)
+        return [got[r] for r in sorted(got)]
+
+    def _send(self, *cmd) -> None:
+        for q in self._commands:
+            q.put(cmd)
+
+    def _on_every_rank(self, send: tuple, local, what: str):
+        """Send ``send`` to the workers, run ``local()`` here meanwhile, collect every
+        reply, and reconcile: all succeeded, all failed, or (the bad case) a mix."""
+        self._send(*send)
+        error = None
+        try:
+            result = local()
+        except BaseException as exc:
+            error = exc
+        replies = self._gather(what)
+        failed = [(r + 1, v) for r, (status, v) in enumerate(replies) if status == "error"]
+        if error is None and not failed:
+            return result
+        if error is not None and len(failed) == len(replies):
+            raise error  # every rank refused: nothing changed anywhere
+        if failed and error is None:
+            rank, (kind, tb) = failed[0]
+            message = f"{what} failed on rank {rank} ({kind}) but succeeded on rank 0"
+        else:
+            message = f"{what} failed on rank 0 ({error}) but succeeded on some workers"
+        self.unhealthy = f"{message}: the ranks are no longer in the same state"
+        detail = failed[0][1][1] if failed else ""
+        raise UpdateError(f"{self.unhealthy}\n{detail}") from error
+
+    def _call_everywhere(self, name: str, *args, **kwargs):
+        local = getattr(super(), name)
+        return self._on_every_rank(("call", name, args, kwargs), lambda: local(*args, **kwargs), name)
+
+    def apply_everywhere(self, fn, *args, **kwargs):
+        """Run ``fn(engine, *args, **kwargs)`` on every rank's engine at once (``fn`` must be
+        a module-level function so it can be sent); returns rank 0's result."""
+        return self._on_every_rank(("apply", fn, args, kwargs), lambda: fn(self, *args, **kwargs), fn.__name__)
+
+    def _before_update(self, kwargs: dict) -> None:
+        """Rank 0 owns the requests: refuse or drain here, before any rank writes, so no
+        worker runs a forward pass with new weights while rank 0 still has old ones."""
+        self._refuse_if_busy(kwargs.get("abort_all_requests", False))
+        if self.paused and self.pause_mode == "wait":
+            self._drain(kwargs.get("wait_timeout_s", 600.0), self.pause_stats[-1])
+
+    # ---- updates on every rank -------------------------------------------------------------
+    def update_weights_from_disk(self, model_path, *args, **kwargs) -> dict:
+        self._before_update(kwargs)
+        return self._call_everywhere("update_weights_from_disk", str(model_path), *args, **kwargs)
+
+    def update_weights_from_tensor(self, named_tensors, *args, **kwargs) -> dict:
+        """Every rank gets the full checkpoint tensors and its loaders slice them (a list of
+        serialized payloads, one per rank, is also accepted, as in SGLang)."""
+        self._before_update(kwargs)
+        return self._call_everywhere("update_weights_from_tensor", named_tensors, *args, **kwargs)
+
+    def take_snapshot(self) -> dict:
+        return self._call_everywhere("take_snapshot")
+
+    def rollback(self, *args, **kwargs) -> dict:
+        self._before_update(kwargs)
+        return self._call_everywhere("rollback", *args, **kwargs)
+
+    def verify_addresses_on_every_rank(self) -> None:
+        """The address audit on every rank (``verify_addresses`` checks rank 0 alone: each
+        rank's update already audits itself, and rank 0's runs in the middle of one)."""
+        self._call_everywhere("verify_addresses")
+
+    def init_weights_update_group(self, *args, **kwargs) -> dict:
+        """Every rank joins, as group rank ``rank_offset + tp_rank``."""
+        return self._call_everywhere("init_weights_update_group", *args, **kwargs)
+
+    def destroy_weights_update_group(self, *args, **kwargs) -> dict:
+        return self._call_everywhere("destroy_weights_update_group", *args, **kwargs)
+
+    def update_weights_from_distributed(self, *args, **kwargs):
+        raise NotImplementedError("a TPEngine receives from a trainer through update_weights_resharded "
+                                  "(each rank takes only its pieces)")
+
+    def update_weights_resharded(self, plan, group_name: str = "weight_update_group",
+                                 weight_version: str | None = None, flush_cache: bool = True,
+                                 abort_all_requests: bool = False, **kwargs) -> dict:
+        """Receive a resharded update (see ``weights/reshard.py``): each rank takes only
+        the pieces its shard needs, from whichever trainer ranks hold them."""
+        from course_lib.weights.reshard import apply_resharded_update
+
+        refused = None
+        try:
+            self._before_update({"abort_all_requests": abort_all_requests})
+        except RuntimeError as exc:
+            refused = exc  # every rank still receives its pieces, so the trainers are not left hanging
+        try:
+            return self.apply_everywhere(apply_resharded_update, plan, group_name, weight_version, flush_cache,
+                                         abort_all_requests, None if refused is None else str(refused), **kwargs)
+        except UpdateError:
+            if refused is not None:
+                raise refused from None
+            raise
+
+    # ---- inspection and shutdown -----------------------------------------------------------
+    def rank_parameters(self, rank: int) -> dict[str, torch.Tensor]:
+        """Rank ``rank``'s parameters (a CPU copy), to compare a hot rank with a cold one."""
+        if rank == 0:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if not 0 < rank < self.tp_size:
+            raise ValueError(f"rank {rank} outside tensor_parallel_size {self.tp_size}")
+        self._commands[rank - 1].put(("parameters",))
+        rank_got, status, value = self._replies.get(timeout=self.timeout_s)
+        if status != "ok" or rank_got != rank:
+            raise WorkerError(f"rank {rank} could not report its parameters: {value}")
+        return value
+
+    def close(self) -> list[int]:
+        """Stop the workers and leave the process group; returns the workers' exit codes."""
+        if self._closed:
+            return [p.exitcode for p in self._workers]
+        self._closed = True
+        for q in self._commands:
+            q.put(("stop",))
+        codes = []
+        for proc in self._workers:
+            try:
+                codes.append(wait_for_exit(proc, timeout=60.0))
+            except TimeoutError:
+                proc.kill()
+                codes.append(wait_for_exit(proc, timeout=10.0))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(self._saved_threads)
+        return codes
+
+    def __enter__(self) -> "TPEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
