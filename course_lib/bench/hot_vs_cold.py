@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+import course_lib
 from course_lib import Engine
 from course_lib.weights.checkpoint import make_random
 from course_lib.weights.transports import trainer
@@ -32,10 +34,17 @@ COLD_START = Path(__file__).with_name("cold_start.py")
 
 
 def cold_restart(path, device: str, max_model_len: int) -> dict:
+    # The child runs cold_start.py by path; it must find course_lib even when the package
+    # is not installed (running from a checkout).
+    env = dict(os.environ)
+    root = str(Path(course_lib.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     spawned_at = time.time()
     out = subprocess.run([sys.executable, str(COLD_START), str(path), "--device", device,
                           "--spawned-at", repr(spawned_at), "--max-model-len", str(max_model_len)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"cold start failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

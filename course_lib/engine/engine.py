@@ -197,7 +197,9 @@ class Engine(HotUpdateMixin):
         return seq.rid
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while requests are queued or running, or finished outputs (e.g. aborts)
+        wait for the next ``step()`` to return them."""
+        return self.scheduler.has_unfinished() or bool(self._pending)
 
     def step(self) -> list[dict]:
         """One engine step; returns the outputs of requests that finished in it (and of

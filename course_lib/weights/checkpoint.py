@@ -235,7 +235,8 @@ class CheckpointReader:
         """Yield (name, tensor) one at a time, file by file (optionally only ``names``).
         To a GPU, safetensors files go through pinned buffers (see pinned_reader.py)."""
         wanted = None if names is None else set(names)
-        if self.format == "safetensors" and torch.device(device).type == "cuda":
+        if (self.format == "safetensors" and torch.device(device).type == "cuda"
+                and os.environ.get("COURSE_LIB_PINNED_READER", "1") != "0"):
             from course_lib.weights.pinned_reader import iter_safetensors_to_gpu
             for file in self._unique_files():
                 yield from iter_safetensors_to_gpu(file, wanted, device)

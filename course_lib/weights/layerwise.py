@@ -46,6 +46,9 @@ class LayerwiseReload:
         self.held_bytes = self.peak_held_bytes = 0
         self.ms = {"transfer": 0.0, "copy": 0.0, "post_process": 0.0}
         self._gpu = self.device.type == "cuda"
+        # Only quantized layers stage and post-process; for a model without them, skip the
+        # per-tensor and per-layer walks over every module (they cost seconds at 8B).
+        self._quantized = any(hasattr(m, "staging") for m in model.modules())
         if self._gpu:
             torch.cuda.synchronize()
             self._gpu_start = torch.cuda.memory_allocated()
@@ -53,7 +56,8 @@ class LayerwiseReload:
 
     def _hold(self, nbytes: int) -> None:
         self.held_bytes += nbytes
-        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes + staged_bytes(self.model))
+        staged = staged_bytes(self.model) if self._quantized else 0
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes + staged)
 
     def feed(self, name: str, tensor: torch.Tensor) -> None:
         key = layer_key(name)
@@ -76,7 +80,8 @@ class LayerwiseReload:
         self.model.load_weights(tensors)
         self._hold(0)  # staging weights of quantized layers exist now
         t1 = time.perf_counter()
-        process_weights_after_loading(self.model)
+        if self._quantized:
+            process_weights_after_loading(self.model)
         if self._gpu:
             torch.cuda.synchronize()
         t2 = time.perf_counter()
