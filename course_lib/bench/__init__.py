@@ -1,2 +1,23 @@
 """Benchmarks. Each prints ratios against a baseline measured in the same run; none runs in
 the unit tests. ``python -m course_lib.bench <name> --help``."""
+from __future__ import annotations
+
+import json
+import platform
+from datetime import date
+
+import torch
+
+
+def run_header(benchmark: str, device: str, **fields) -> dict:
+    """What every recorded result states: which benchmark, on what hardware, when."""
+    gpu = torch.device(device).type == "cuda"
+    return {"benchmark": benchmark, "device": device, "date": date.today().isoformat(),
+            "hardware": torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine()),
+            "torch": torch.__version__, **fields}
+
+
+def save_json(result: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)

@@ -9,16 +9,14 @@ model runner alone, synchronised). Prints ms/step for both and the eager/graph r
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
 import time
-from datetime import date
 
 import torch
 from tqdm import tqdm
 
 from course_lib import Engine
+from course_lib.bench import run_header, save_json
 from course_lib.weights.checkpoint import make_random
 
 
@@ -83,12 +81,8 @@ def main(argv=None) -> dict:
         if "graph" in ms:
             line += f"   {ms['eager'] / ms['graph']:>10.1f}x"
         print(line)
-    result = {"benchmark": "decode", "preset": args.preset, "device": args.device, "date": date.today().isoformat(),
-              "hardware": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else platform.processor() or platform.machine(),
-              "torch": torch.__version__, "steps": args.steps, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    result = run_header("decode", args.device, preset=args.preset, steps=args.steps, rows=rows)
+    save_json(result, args.json)
     return result
 
 

@@ -15,18 +15,17 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
 
 import course_lib
 from course_lib import Engine
+from course_lib.bench import run_header, save_json
 from course_lib.weights.checkpoint import make_random
 from course_lib.weights.transports import trainer
 
@@ -88,9 +87,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     gpu = torch.device(args.device).type == "cuda"
-    res = {"benchmark": "hot-vs-cold", "preset": args.preset, "device": args.device, "date": date.today().isoformat(),
-           "hardware": torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine()),
-           "torch": torch.__version__}
+    res = run_header("hot-vs-cold", args.device, preset=args.preset)
     with tempfile.TemporaryDirectory() as tmp:
         a = make_random(f"{tmp}/a", args.preset, seed=1, device=args.device if gpu else "cpu")
         b = make_random(f"{tmp}/b", args.preset, seed=2, device=args.device if gpu else "cpu")
@@ -108,9 +105,7 @@ def main(argv=None) -> dict:
         print(f"  cold {phase:<28} {s:8.3f} s")
     print(f"  hot update over IPC, to first token {res['hot_ipc_s']:8.3f} s   restart is {res['restart_over_hot_ipc']:7.0f}x slower")
     print(f"  hot update from disk, to first token {res['hot_disk_s']:7.3f} s   restart is {res['restart_over_hot_disk']:7.0f}x slower")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    save_json(res, args.json)
     return res
 
 

@@ -21,17 +21,15 @@ Every rate is payload bytes per second; ratios are against the baselines above.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
-import platform
 import tempfile
 import time
-from datetime import date
 
 import torch
 from tqdm import tqdm
 
 from course_lib import Engine
+from course_lib.bench import run_header, save_json
 from course_lib.layers.quant import kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.transports import trainer
@@ -142,9 +140,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device, gpu = args.device, torch.device(args.device).type == "cuda"
-    res = {"benchmark": "update", "preset": args.preset, "device": device, "date": date.today().isoformat(),
-           "hardware": torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine()),
-           "torch": torch.__version__, "bucket_mb": args.bucket_mb}
+    res = run_header("update", device, preset=args.preset, bucket_mb=args.bucket_mb)
     steps = tqdm(total=6, desc="update benchmark")
     with tempfile.TemporaryDirectory() as tmp:
         a = make_random(f"{tmp}/a", args.preset, seed=1, device=device if gpu else "cpu")
@@ -176,9 +172,7 @@ def main(argv=None) -> dict:
         steps.update()
     steps.close()
     report(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    save_json(res, args.json)
     return res
 
 
