@@ -1,0 +1,55 @@
+"""Support for find-the-rebind: a CPU stand-in for a captured decode graph, and the plug
+that makes a learner's ``load_into`` the engine's commit step.
+
+``capture_decode(engine)``: from then on the engine's decode steps read the storage each
+kernel-read tensor had at that moment (second handles to the same storage, swapped in
+with ``torch.func.functional_call``), as a replayed CUDA graph reads the addresses it
+recorded. ``param.data = new`` is invisible to it; ``param.data.copy_(new)`` is not.
+Prefill stays eager, as on a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.func import functional_call
+
+import course_lib.engine.hot_update as hot_update
+from course_lib.weights.audit import kernel_tensors
+
+
+def capture_decode(engine):
+    """Make ``engine``'s decode steps read the storage its tensors have now; returns it."""
+    runner, model = engine.model_runner, engine.model
+    remembered = {name: t.detach() for name, t in kernel_tensors(model).items()}
+    head = remembered.get("lm_head.weight", remembered["model.embed_tokens.weight"])  # tied: the embedding
+    eager = runner.forward_logits
+
+    @torch.inference_mode()
+    def forward_logits(seqs, is_prefill):
+        if is_prefill:
+            return eager(seqs, True)
+        input_ids, positions, meta = runner.prepare_decode(seqs)
+        hidden = functional_call(model, remembered, (input_ids, positions, meta))
+        return functional_call(model.lm_head, {"weight": head}, (hidden,))[: len(seqs)]
+
+    runner.forward_logits = forward_logits
+    return engine
+
+
+@contextlib.contextmanager
+def plugged_commit(load_into):
+    """While active, the engine's update path commits validated tensors with
+    ``load_into(model, named_tensors)``; the audit and everything else stay the engine's."""
+    original = hot_update.commit
+
+    def commit(model, named_tensors, device):
+        load_into(model, [(name, t.to(device)) for name, t in named_tensors])
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    hot_update.commit = commit
+    try:
+        yield
+    finally:
+        hot_update.commit = original

@@ -1,0 +1,34 @@
+"""Wrong: builds the new value in fresh memory, then points the parameter at it (a copy, then a rebind)."""
+from __future__ import annotations
+
+import torch
+
+
+def fused_rows(model, param_name, shard_id):
+    """Row indices of fused parameter ``param_name`` that checkpoint shard ``shard_id`` fills."""
+    module = model.get_submodule(param_name.rsplit(".", 1)[0])
+    if hasattr(module, "offsets"):      # qkv_proj: shard "q", "k" or "v"
+        start, size = module.offsets[shard_id]
+    else:                               # gate_up_proj: shard 0 (gate) or 1 (up)
+        size = module.output_sizes[shard_id] // module.tp_size
+        start = sum(module.output_sizes[:shard_id]) // module.tp_size
+    return torch.arange(start, start + size, device=module.weight.device)
+
+
+def load_into(model, named_tensors) -> None:
+    """Put checkpoint tensors (name, tensor) into the model's parameters."""
+    params = dict(model.named_parameters())
+    for name, tensor in named_tensors:
+        target = model.map_checkpoint_name(name)
+        if target is None:              # e.g. lm_head.weight when it is tied to the embedding
+            continue
+        param_name, shard_id = target
+        param = params[param_name]
+        tensor = tensor.to(param.dtype)
+        if shard_id is None:
+            fresh = torch.empty_like(param.data)
+            fresh.copy_(tensor)
+            param.data = fresh
+        else:
+            rows = fused_rows(model, param_name, shard_id)
+            param.data.index_copy_(0, rows, tensor)  # the trailing underscore: in place
