@@ -2,7 +2,7 @@
 import importlib
 import sys
 
-BENCHMARKS = {"decode": "course_lib.bench.decode", "update": "course_lib.bench.update"}
+BENCHMARKS = {"decode": "course_lib.bench.decode", "update": "course_lib.bench.update", "graphs": "course_lib.bench.graphs"}
 
 
 def main() -> int:
