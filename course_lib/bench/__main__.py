@@ -2,7 +2,8 @@
 import importlib
 import sys
 
-BENCHMARKS = {"decode": "course_lib.bench.decode", "update": "course_lib.bench.update", "graphs": "course_lib.bench.graphs"}
+BENCHMARKS = {"decode": "course_lib.bench.decode", "update": "course_lib.bench.update", "graphs": "course_lib.bench.graphs",
+              "hot-vs-cold": "course_lib.bench.hot_vs_cold"}
 
 
 def main() -> int:
