@@ -177,7 +177,11 @@ def test_grade_writes_the_gradebook_and_keeps_learners_apart(ran):
     assert list(rows[0]) == ["learner", "problem", "case", "result", "message", "seconds"]
     assert json.loads((out / "gradebook.json").read_text())["rows"] == [
         {**row, "seconds": float(row["seconds"])} for row in rows]
-    by = {who: [row for row in rows if row["learner"] == who] for who in ("aaron", "zoe", "mia")}
+    # Every problem gets a row per learner; a problem a learner did not hand in is "not submitted".
+    assert {row["result"] for row in rows if row["learner"] == "mia"} == {"not submitted"}
+    assert {row["problem"] for row in rows if row["learner"] == "mia"} == {row["problem"] for row in rows}
+    by = {who: [row for row in rows if row["learner"] == who and row["problem"] == SLUG]
+          for who in ("aaron", "zoe", "mia")}
     assert [row["result"] for row in by["mia"]] == ["not submitted"]
     zoe = {row["case"]: row["result"] for row in by["zoe"]}
     assert len(zoe) > 40 and zoe.pop(CUDA_CASE) == "not graded" and set(zoe.values()) == {"pass"}

@@ -1,0 +1,61 @@
+"""The hidden checks of chapters 00, 05 and 06 pass reference answers and catch plausible
+wrong ones (a check that passes everything would grade nothing)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from course_lib.weights import bucket
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "practice" / "hidden"))
+
+from chapters.ch00_why_hot_updates import check_estimate_update_seconds  # noqa: E402
+from chapters.ch05_moving_the_bytes import check_pack_unpack  # noqa: E402
+from chapters.ch06_resharding import check_plan_pieces  # noqa: E402
+
+
+def solution(notebook: str, name: str):
+    """The function ``name`` from the notebook's solution cell that defines it."""
+    nb = json.loads((REPO / "notebooks" / notebook).read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution") and f"def {name}(" in src:
+            namespace: dict = {}
+            exec(compile(src, f"<{name}>", "exec"), namespace)
+            return namespace[name]
+    raise LookupError(f"{notebook} has no solution cell defining {name}")
+
+
+def test_ch00_estimate():
+    assert check_estimate_update_seconds(solution("00_why_hot_updates.ipynb", "estimate_update_seconds")) == []
+    ignores_gpus = lambda params, bpp, gpus, gbps: params * bpp / (gbps * 1e9)  # noqa: E731
+    counts_bits = lambda params, bpp, gpus, gbps: 8 * params * bpp / (gpus * gbps * 1e9)  # noqa: E731
+    assert check_estimate_update_seconds(ignores_gpus)
+    assert check_estimate_update_seconds(counts_bits)
+
+
+def unaligned_pack(named_tensors):
+    """Plausible but wrong: tensors packed back to back, with no alignment."""
+    named_tensors = list(named_tensors)
+    out = torch.empty(sum(t.numel() * t.element_size() for _, t in named_tensors), dtype=torch.uint8)
+    meta, offset = [], 0
+    for name, t in named_tensors:
+        n = t.numel() * t.element_size()
+        out[offset:offset + n].copy_(t.reshape(-1).view(torch.uint8))
+        meta.append(bucket.FlattenedTensorMetadata(name, torch.Size(t.shape), t.dtype, offset, offset + n, t.numel()))
+        offset += n
+    return {"flattened_tensor": out, "metadata": meta}
+
+
+def test_ch05_pack_unpack():
+    assert check_pack_unpack(bucket.pack, bucket.unpack) == []
+    assert check_pack_unpack(unaligned_pack, bucket.unpack)
+
+
+def test_ch06_plan_pieces():
+    assert check_plan_pieces(solution("06_resharding.ipynb", "plan_pieces")) == []
+    assert check_plan_pieces(lambda shape, src_boxes, dst_boxes: [])
