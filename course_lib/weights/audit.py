@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from course_lib.layers.quant import kernel_tensors as quant_kernel_tensors
+
 
 class AddressMovedError(RuntimeError):
     """A tensor that kernels read changed storage, shape, dtype or device."""
@@ -31,15 +33,9 @@ class TensorAddress:
 
 
 def kernel_tensors(model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Parameters and buffers (processed weights, scales, rotary tables) plus ``extra``
-    (e.g. the KV pool). Tied parameters appear once, under their first name."""
-    seen, out = set(), {}
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if id(t) not in seen:
-            seen.add(id(t))
-            out[name] = t
-    out.update(extra or {})
-    return out
+    """What kernels read (parameters with storage and buffers such as scales; tied ones
+    once; checkpoint-format shells on the meta device left out) plus ``extra`` (the KV pool)."""
+    return {**quant_kernel_tensors(model), **(extra or {})}
 
 
 class AddressAudit:

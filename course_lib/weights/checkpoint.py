@@ -261,9 +261,8 @@ class CheckpointReader:
         return sum(_numel(shape) * dtype.itemsize for shape, dtype in self.metadata().values())
 
 
-def _check_safetensors_size(file: Path) -> None:
-    """A truncated file is caught here, from its header, before any tensor is read: the
-    header says where the last tensor's bytes end, and the file must reach that far."""
+def read_safetensors_header(file: Path) -> tuple[dict, int]:
+    """(tensor entries of the header, byte offset where the data starts); CheckpointError if unreadable."""
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
@@ -272,14 +271,24 @@ def _check_safetensors_size(file: Path) -> None:
                 raise CheckpointError(f"{file}: unreadable safetensors file (header length {header_len} "
                                       f"does not fit in {size} bytes)")
             header = json.loads(f.read(header_len))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        header.pop("__metadata__", None)
+        for v in header.values():
+            v["data_offsets"][1]  # every entry must carry its byte offsets
     except CheckpointError:
         raise
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CheckpointError(f"{file}: unreadable safetensors file (bad header: {exc})") from exc
-    if 8 + header_len + end > size:
-        raise CheckpointError(f"{file}: truncated: the header needs {8 + header_len + end} bytes, "
-                              f"the file has {size}")
+    return header, 8 + header_len
+
+
+def _check_safetensors_size(file: Path) -> None:
+    """A truncated file is caught here, from its header, before any tensor is read: the
+    header says where the last tensor's bytes end, and the file must reach that far."""
+    header, data_start = read_safetensors_header(file)
+    need = data_start + max((v["data_offsets"][1] for v in header.values()), default=0)
+    size = file.stat().st_size
+    if need > size:
+        raise CheckpointError(f"{file}: truncated: the header needs {need} bytes, the file has {size}")
 
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

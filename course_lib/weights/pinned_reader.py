@@ -9,7 +9,6 @@ Only the two pinned buffers and the tensors not yet consumed are held.
 """
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,22 +16,10 @@ from typing import Iterator
 
 import torch
 
+from course_lib.weights.checkpoint import _st_dtype, read_safetensors_header
+
 CHUNK_BYTES = 128 << 20
 READ_THREADS = min(8, os.cpu_count() or 1)
-
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-           "I64": torch.int64, "I32": torch.int32, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn}
-
-
-def read_header(file: Path) -> tuple[dict, int]:
-    """(header entries, offset of the data section) of a safetensors file."""
-    with open(file, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header, 8 + n
-
 
 class _PinnedPipeline:
     def __init__(self, device):
@@ -87,7 +74,7 @@ def iter_safetensors_to_gpu(file, wanted: set[str] | None, device) -> Iterator[t
     if key not in _PIPELINES:  # pinned buffers are costly to allocate: keep them per device
         _PIPELINES[key] = _PinnedPipeline(device)
     pipe = _PIPELINES[key]
-    header, data_start = read_header(Path(file))
+    header, data_start = read_safetensors_header(Path(file))
     entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
     fd = os.open(file, os.O_RDONLY)
     try:
@@ -98,6 +85,6 @@ def iter_safetensors_to_gpu(file, wanted: set[str] | None, device) -> Iterator[t
             raw = torch.empty(end - begin, dtype=torch.uint8, device=device)
             if end > begin:
                 pipe.copy_in(fd, data_start + begin, raw)
-            yield name, raw.view(_DTYPES[info["dtype"]]).view(info["shape"])
+            yield name, raw.view(_st_dtype(info["dtype"], file)).view(info["shape"])
     finally:
         os.close(fd)
