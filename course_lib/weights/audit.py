@@ -5,10 +5,17 @@ update rebinds a parameter (``param.data = new``) instead of copying into it, th
 keeps reading the old memory: wrong outputs, no error. The audit records each tensor's
 storage address, shape, dtype and device when the engine starts (after graph capture)
 and checks them after every update; a difference is an error that names the tensor.
+
+The audit also holds a reference to each recorded storage. Without it, comparing integer
+addresses has an ABA hole: an updater that rebinds a parameter several times (once per
+fused shard, say) frees the original memory, and the allocator may hand that very address
+to the last copy, so the final pointer "matches" although the graph's memory was freed
+and reused. Holding the storage keeps the original address occupied, so a rebind always
+shows as a new address. It costs no memory while updates copy in place (same storage).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -26,10 +33,13 @@ class TensorAddress:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: str
+    # Keeps the recorded memory allocated so its address cannot be reused (see above).
+    storage: object = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorAddress":
-        return cls(t.data_ptr(), tuple(t.shape), t.dtype, str(t.device))
+    def of(cls, t: torch.Tensor, hold: bool = False) -> "TensorAddress":
+        storage = t.untyped_storage() if hold else None
+        return cls(t.data_ptr(), tuple(t.shape), t.dtype, str(t.device), storage)
 
 
 def kernel_tensors(model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -40,7 +50,7 @@ def kernel_tensors(model: nn.Module, extra: dict[str, torch.Tensor] | None = Non
 
 class AddressAudit:
     def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.recorded = {name: TensorAddress.of(t) for name, t in tensors.items()}
+        self.recorded = {name: TensorAddress.of(t, hold=True) for name, t in tensors.items()}
 
     @classmethod
     def record(cls, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> "AddressAudit":
