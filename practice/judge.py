@@ -3,6 +3,7 @@
     python practice/judge.py list
     python practice/judge.py start inplace-requant          # copy the starter to practice/workspace/
     python practice/judge.py test inplace-requant           # grade your workspace copy
+    python practice/judge.py bench fast-bucket-update       # a speed problem: your figure beside the reference's
     python practice/judge.py check                          # maintainers: references pass, starters and wrong answers fail
     python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/<slug>.py
     python practice/judge.py release student/practice       # the student edition of practice/
@@ -24,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the judging package sits next to this file
 
 from judging import gradebook, problems, report  # noqa: E402
+from judging.bench import bench, has_bench  # noqa: E402
 from judging.release import release  # noqa: E402
 from judging.run import run  # noqa: E402
 
@@ -56,12 +58,7 @@ def cmd_start(args) -> int:
 
 def cmd_test(args) -> int:
     problem = _problem(args.slug)
-    path = Path(args.file) if args.file else WORKSPACE / f"{problem.slug}.py"
-    if not path.is_file():
-        if args.file:
-            raise UsageError(f"no file {path}")
-        raise UsageError(f"no {_rel(path)} yet: run `python {_rel(Path(__file__))} start {problem.slug}` "
-                         "first, or pass --file PATH")
+    path = _workspace_file(problem, args.file)
     result = run(problem, path, timeout=args.timeout, select=args.k)
     if args.json:
         hidden = f"from {_rel(problem.hidden_dir())}" if result.hidden else report.HIDDEN_ABSENT
@@ -69,6 +66,17 @@ def cmd_test(args) -> int:
     else:
         report.print_run(result, _rel(problem.hidden_dir()))
     return 0 if result.ok else 1
+
+
+def cmd_bench(args) -> int:
+    problem = _problem(args.slug)
+    if not has_bench(problem):
+        timed = ", ".join(p.slug for p in problems.all_problems() if has_bench(p)) or "none"
+        raise UsageError(f"{problem.slug} is not a speed problem (problems with a benchmark: {timed})")
+    path = _workspace_file(problem, args.file)
+    code, output = bench(problem, path, device=args.device, as_json=args.json, timeout=args.timeout)
+    print(output, end="" if output.endswith("\n") else "\n")
+    return code
 
 
 def cmd_check(args) -> int:
@@ -122,6 +130,17 @@ def cmd_release(args) -> int:
     return 0
 
 
+def _workspace_file(problem: problems.Problem, file: str | None) -> Path:
+    """The learner's file: --file, or practice/workspace/<slug>.py."""
+    path = Path(file) if file else WORKSPACE / f"{problem.slug}.py"
+    if not path.is_file():
+        if file:
+            raise UsageError(f"no file {path}")
+        raise UsageError(f"no {_rel(path)} yet: run `python {_rel(Path(__file__))} start {problem.slug}` "
+                         "first, or pass --file PATH")
+    return path
+
+
 def _problem(slug: str) -> problems.Problem:
     try:
         return problems.load(slug)
@@ -147,6 +166,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("slug")
     p.add_argument("--file", help="the file to grade (default: practice/workspace/<slug>.py)")
     p.add_argument("-k", metavar="EXPR", help="run only the cases whose names match (pytest -k)")
+    p = sub.add_parser("bench", help="a speed problem: time your file beside the reference and the hardware's limit")
+    p.add_argument("slug")
+    p.add_argument("--file", help="the file to time (default: practice/workspace/<slug>.py)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when there is a GPU)")
+    p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before the benchmark is stopped")
     p = sub.add_parser("check", help="maintainers: references pass every case, starters and wrong answers fail one")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="runs at once")
     p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/<slug>.py into a gradebook")

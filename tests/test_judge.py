@@ -100,6 +100,22 @@ def scenario_release(tmp):
     return steps, dest
 
 
+FAST = PRACTICE / "problems" / "fast-bucket-update"
+
+
+def scenario_bench(tmp):
+    """The speed problem's benchmark: the reference, a slow wrong answer, the student
+    edition (no hidden reference) and a problem without a benchmark."""
+    (tmp / "no-hidden").mkdir()
+    fast = "fast-bucket-update"
+    return {
+        "solution": judge("bench", fast, "--file", FAST / "solution.py", "--json"),
+        "slow": judge("bench", fast, "--file", FAST / "wrong" / "plans_every_tensor.py"),
+        "student": judge("bench", fast, "--file", FAST / "solution.py", env={"COURSE_HIDDEN_DIR": str(tmp / "no-hidden")}),
+        "not timed": judge("bench", SLUG, "--file", PROBLEM / "solution.py"),
+    }
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
@@ -217,6 +233,25 @@ def test_release_holds_no_answers_and_its_starter_fails(ran):
     assert test.returncode == 1 and "FAIL: " in test.stdout, test.stdout + test.stderr
     assert NOT_PRESENT in test.stdout
     assert steps["release again"].returncode == 2 and "not empty" in steps["release again"].stderr
+
+
+def test_bench_reports_yours_beside_the_reference_and_the_copy_limit(ran):
+    runs = ran["bench"]()
+    solution = runs["solution"]
+    assert solution.returncode == 0, solution.stdout + solution.stderr
+    result = json.loads(solution.stdout)
+    assert set(result["GB/s"]) == {"yours", "reference", "engine loaders", "one flat copy"}
+    assert all(v > 0 for v in result["GB/s"].values())
+    assert result["yours / reference"] >= result["required fraction"] and result["fast enough"] is True
+    # Hundreds of small copies never beat one large copy of the same bytes.
+    assert result["GB/s"]["one flat copy"] > result["GB/s"]["yours"]
+
+    slow = runs["slow"]
+    assert slow.returncode == 1 and "NOT fast enough" in slow.stdout, slow.stdout + slow.stderr
+    student = runs["student"]
+    assert student.returncode == 0 and "reference: not present in this edition" in student.stdout, student.stdout
+    not_timed = runs["not timed"]
+    assert not_timed.returncode == 2 and "not a speed problem" in not_timed.stderr, not_timed.stderr
 
 
 def test_list_shows_the_problem():
