@@ -1,0 +1,74 @@
+"""Hidden tests for bucket-handoff: one, two and three buffers, random bucket sizes (some
+tensors larger than a bucket, so buffers must grow), two updates in a row into the
+same engine, and real CUDA IPC on a GPU."""
+import os
+import random
+
+import pytest
+import torch
+
+from course_lib.weights.checkpoint import CheckpointReader, make_random
+from handoff import EngineProcess
+
+SEED = int.from_bytes(os.urandom(4), "little")
+RNG = random.Random(SEED)
+WHY = f"(random seed {SEED})"
+
+
+def check(report, num_buffers, what):
+    assert not report["differ"], (
+        f"{what}: the engine ends with the weights sent, but {len(report['differ'])} tensors differ "
+        f"(e.g. {report['differ'][:3]}): a buffer changed before the engine had read its bucket {WHY}")
+    assert report["max_in_flight"] <= num_buffers, (
+        f"{what}: at most {num_buffers} buckets in flight, but {report['max_in_flight']} were "
+        f"(at each post: {report['in_flight_at_post']}) {WHY}")
+    assert report["max_in_flight"] == min(num_buffers, report["posted"]), (
+        f"{what}: up to {num_buffers} buckets in flight at once (packing overlaps applying), but at most "
+        f"{report['max_in_flight']} were (at each post: {report['in_flight_at_post']}) {WHY}")
+    assert not report["unacked_at_return"], (
+        f"{what}: returned while buckets {report['unacked_at_return']} were not yet acknowledged {WHY}")
+    assert report["returned"] == report["posted"], \
+        f"{what}: returns the number of buckets posted ({report['posted']}), got {report['returned']!r} {WHY}"
+
+
+def send(engine, candidate, path, device="cpu", **options):
+    tensors = [(n, t.to(device)) for n, t in CheckpointReader(path).iter_tensors()]
+    report = engine.run(candidate.send_weights, tensors, **options)
+    report["differ"] = engine.compare(path)
+    return report
+
+
+@pytest.fixture(scope="module")
+def cpu_engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    paths = [make_random(root / str(seed), "tiny", seed=seed) for seed in (11, 12, 13, 14)]
+    engine = EngineProcess(paths[0], delay_s=RNG.uniform(0.03, 0.06))
+    yield engine, paths
+    engine.close()
+
+
+@pytest.mark.parametrize("num_buffers", [1, 2, 3])
+def test_any_number_of_buffers(candidate, cpu_engine, num_buffers):
+    engine, paths = cpu_engine
+    bucket_bytes = RNG.choice([24 << 10, 48 << 10, 96 << 10])
+    target = paths[num_buffers]
+    report = send(engine, candidate, target, bucket_bytes=bucket_bytes, num_buffers=num_buffers)
+    check(report, num_buffers, f"{num_buffers} buffer(s) of {bucket_bytes >> 10} KiB, {report['posted']} buckets")
+
+
+def test_tensors_larger_than_a_bucket_and_updates_in_a_row(candidate, cpu_engine):
+    engine, paths = cpu_engine
+    for k, target in enumerate([paths[1], paths[2]]):
+        report = send(engine, candidate, target, bucket_bytes=RNG.choice([12 << 10, 16 << 10]), num_buffers=2)
+        check(report, 2, f"update {k + 1} of 2 in a row, with tensors larger than a bucket")
+
+
+@pytest.mark.cuda
+def test_cuda_ipc(candidate, tmp_path):
+    paths = [make_random(tmp_path / str(seed), "small", seed=seed, dtype=torch.bfloat16) for seed in (21, 22)]
+    engine = EngineProcess(paths[0], device="cuda", delay_s=0.05)
+    try:
+        report = send(engine, candidate, paths[1], device="cuda", bucket_bytes=256 << 10, num_buffers=2)
+    finally:
+        engine.close()
+    check(report, 2, "CUDA IPC between two processes on one GPU")
