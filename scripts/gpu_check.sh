@@ -21,6 +21,12 @@ fi
 python -m pytest -m cuda -p no:cacheprovider -q -rA --continue-on-collection-errors 2>&1 | tee "$out/pytest_cuda.log" || status=1
 # The judge's CUDA cases (graded here, "not graded" on CPU machines).
 python practice/judge.py check 2>&1 | tee "$out/judge_check.log" || status=1
+# The speed problem on this GPU: the reference answer and the starter (the engine's general
+# loaders) beside the judge's reference and one flat device copy.
+for f in solution starter; do
+    python practice/judge.py bench fast-bucket-update --file "practice/problems/fast-bucket-update/$f.py" --json \
+        > "$out/bench_fast_bucket_update_$f.json" || status=1
+done
 python -m course_lib.bench decode --preset qwen3-0.6b --batch 1 8 --json "$out/decode_qwen3-0.6b.json" || status=1
 python -m course_lib.bench update --preset qwen3-1.7b --bucket-mb 512 --json "$out/update_qwen3-1.7b.json" 2>&1 | grep -v "it/s]" || status=1
 exit $status
