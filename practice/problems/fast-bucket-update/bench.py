@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from course_lib import Engine
+from course_lib.bench import run_header
 from course_lib.weights import bucket
 from course_lib.weights.checkpoint import preset, random_state_dict
 from course_lib.weights.transports.ipc import group_into_buckets
@@ -125,7 +126,7 @@ def measure(candidate, reference=None, device: str = "cpu", rounds: int | None =
                  f"in {len(work.buckets)} buckets, best of {rounds} rounds")
     seconds = best_seconds(runs, work.device, rounds)
     gbps = {label: work.nbytes / s / 1e9 for label, s in seconds.items()}
-    result = {"device": device, "tensors": work.num_tensors, "bytes": work.nbytes, "buckets": len(work.buckets),
+    result = {**run_header("fast-bucket-update", device), "tensors": work.num_tensors, "bytes": work.nbytes, "buckets": len(work.buckets),
               "rounds": rounds, "seconds": seconds, "GB/s": gbps,
               "yours / one flat copy": gbps["yours"] / gbps["one flat copy"],
               "yours / engine loaders": gbps["yours"] / gbps["engine loaders"], "required fraction": FRACTION}
