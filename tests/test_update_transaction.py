@@ -130,20 +130,24 @@ def test_partial_update_only_when_asked(ckpts, tmp_path):
     assert torch.equal(after["model.layers.1.mlp.down_proj.weight"], before["model.layers.1.mlp.down_proj.weight"])
 
 
-def test_audit_catches_a_rebinding_updater(ckpts, monkeypatch):
+@pytest.mark.parametrize("staging", ["full", "layer"])
+def test_audit_catches_a_rebinding_updater(ckpts, monkeypatch, staging):
     """The classic bug: ``param.data = new`` passes eager tests on CPU but a captured graph
     would keep reading the old memory. The audit turns it into an error naming the tensor."""
+    from course_lib.weights import layerwise, update
+
     engine = Engine(ckpts[0])
     qkv = engine.model.model.layers[0].self_attn.qkv_proj
+    load_in_place = update.load_in_place
 
-    def rebinding_loader(param, loaded, shard_id):
-        fresh = param.data.clone()
-        qkv.__class__.weight_loader(qkv, param, loaded, shard_id)  # right values...
-        fresh.copy_(param.data)
-        param.data = fresh                                          # ...in new memory
-    monkeypatch.setattr(qkv.weight, "weight_loader", rebinding_loader)
+    def rebinding_load(model, named_tensors, device):
+        load_in_place(model, named_tensors, device)         # right values...
+        if any(".layers.0.self_attn." in name for name, _ in named_tensors):
+            qkv.weight.data = qkv.weight.data.clone()       # ...in new memory
+    monkeypatch.setattr(update, "load_in_place", rebinding_load)     # the full-staging commit
+    monkeypatch.setattr(layerwise, "load_in_place", rebinding_load)  # the layer-by-layer reload
     with pytest.raises(AddressMovedError, match=r"model.layers.0.self_attn.qkv_proj.weight: data_ptr changed"):
-        engine.update_weights_from_disk(ckpts[1])
+        engine.update_weights_from_disk(ckpts[1], staging=staging)
     with pytest.raises(RuntimeError, match="unhealthy"):
         engine.generate("refused", {"max_new_tokens": 1})
     assert not engine.health()["healthy"]

@@ -22,7 +22,7 @@ import time
 import torch
 
 from course_lib.layers.quant import process_weights_after_loading, staged_bytes
-from course_lib.weights.update import UpdateError, check_finite
+from course_lib.weights.update import UpdateError, check_finite, load_in_place
 
 _LAYER = re.compile(r"^(model\.layers\.\d+)\.")
 
@@ -77,7 +77,7 @@ class LayerwiseReload:
         if self.check_finite:
             check_finite(tensors)
         t0 = time.perf_counter()
-        self.model.load_weights(tensors)
+        load_in_place(self.model, tensors, self.device)
         self._hold(0)  # staging weights of quantized layers exist now
         t1 = time.perf_counter()
         if self._quantized:

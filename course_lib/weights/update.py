@@ -2,9 +2,11 @@
 
 Contract: nothing in the live model changes until the whole update has been validated
 (structural config, every tensor name, shape and dtype) and staged. The commit then
-goes through the model's own ``load_weights`` (name mapping, q/k/v and gate/up fusion,
-tensor-parallel slicing), which copies into the existing parameters: no tensor a kernel
-or a captured CUDA graph reads ever moves.
+copies into the existing parameters: through the model's copy plan (``copy_plan.py``:
+each checkpoint name's destination view, worked out once) when the model is unquantized
+on one rank, else through its own ``load_weights`` (name mapping, q/k/v and gate/up
+fusion, tensor-parallel slicing, staging for requantization). Either way no tensor a
+kernel or a captured CUDA graph reads ever moves.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from course_lib.config import ModelConfig
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
+from course_lib.weights.copy_plan import CopyPlan
 
 
 class UpdateError(ValueError):
@@ -79,10 +82,19 @@ def stage_from_disk(reader: CheckpointReader, names: Iterable[str] | None = None
 
 
 def commit(model, named_tensors, device) -> None:
-    """Copy validated (name, tensor) pairs into the live parameters through the model's loaders."""
-    model.load_weights((name, t.to(device, non_blocking=True)) for name, t in named_tensors)
+    """Copy validated (name, tensor) pairs into the live parameters, in place: through the
+    model's copy plan where it has one (unquantized, one rank), else its loaders."""
+    load_in_place(model, named_tensors, device)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def load_in_place(model, named_tensors, device) -> None:
+    plan = CopyPlan.for_model(model)
+    if plan is not None:
+        plan.apply(named_tensors)  # copies from wherever the tensors are, straight into the weights
+    else:
+        model.load_weights((name, t.to(device, non_blocking=True)) for name, t in named_tensors)
 
 
 def check_finite(named_tensors) -> None:

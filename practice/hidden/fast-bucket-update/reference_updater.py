@@ -2,30 +2,14 @@
 checkpoint name to destination view, built once; per bucket, checks then copies."""
 from __future__ import annotations
 
-import torch
-
 from course_lib.weights.checkpoint import hf_tensor_shapes
-
-
-def _rows(module, shard_id) -> tuple[int, int]:
-    if shard_id in ("q", "k", "v"):
-        return module.offsets[shard_id]
-    per_rank = [n // module.tp_size for n in module.output_sizes]
-    return sum(per_rank[:shard_id]), per_rank[shard_id]
+from course_lib.weights.copy_plan import checkpoint_view
 
 
 class BucketUpdater:
     def __init__(self, model):
-        self.table = {}
-        for name, shape in hf_tensor_shapes(model.config).items():
-            target, view = model.map_checkpoint_name(name), None
-            if target is not None:
-                owner, _, attr = target[0].rpartition(".")
-                module = model.get_submodule(owner)
-                view = getattr(module, attr).data
-                if target[1] is not None:
-                    view = view.narrow(0, *_rows(module, target[1]))
-            self.table[name] = (view, tuple(shape))
+        self.table = {name: (checkpoint_view(model, name), tuple(shape))
+                      for name, shape in hf_tensor_shapes(model.config).items()}
 
     def apply(self, b) -> int:
         flat, entries = b["flattened_tensor"], b["metadata"]

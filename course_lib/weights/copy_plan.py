@@ -1,0 +1,81 @@
+"""A copy plan: where each checkpoint tensor lands in the model's memory, worked out once.
+
+The general load path (``model.load_weights``) maps each checkpoint name, finds the
+parameter and calls its loader, which checks the shape and narrows the fused parameter:
+for every tensor of every update. In an unquantized model on one rank none of that
+changes between updates (the address audit guarantees the memory stays put), so the plan
+records, per checkpoint name, the view of the model's memory it fills: the parameter
+itself, or a ``narrow`` of the fused ``qkv_proj`` / ``gate_up_proj`` rows. Applying
+tensors is then a dictionary lookup each and one grouped copy (``torch._foreach_copy_``,
+which on a GPU copies many tensors per kernel launch) for all of them.
+
+Quantized layers (the weight must be requantized) and tensor-parallel ranks (the
+incoming tensor must be sliced) keep the general path: ``CopyPlan.for_model`` says None.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from course_lib.weights.checkpoint import hf_tensor_shapes
+
+
+def checkpoint_view(model: nn.Module, name: str) -> torch.Tensor | None:
+    """The view of ``model``'s memory that checkpoint tensor ``name`` fills (one rank,
+    unquantized), or None when the model keeps no separate copy (a tied ``lm_head``)."""
+    target = model.map_checkpoint_name(name)
+    if target is None:
+        return None
+    param_name, shard_id = target
+    owner, _, attr = param_name.rpartition(".")
+    module = model.get_submodule(owner)
+    data = getattr(module, attr).data  # the storage kernels (and captured graphs) read
+    if shard_id is None:
+        return data
+    if hasattr(module, "offsets"):      # QKVParallelLinear: shard "q", "k" or "v"
+        start, size = module.offsets[shard_id]
+    else:                               # MergedColumnParallelLinear: shard 0 (gate) or 1 (up)
+        start = sum(module.output_sizes[:shard_id]) // module.tp_size
+        size = module.output_sizes[shard_id] // module.tp_size
+    return data.narrow(0, start, size)  # rows of a row-major weight: a contiguous view
+
+
+class CopyPlan:
+    def __init__(self, model: nn.Module):
+        self.views = {name: checkpoint_view(model, name) for name in hf_tensor_shapes(model.config)}
+
+    @staticmethod
+    def for_model(model: nn.Module) -> "CopyPlan | None":
+        """The model's plan (made on first use, then kept), or None where the general
+        loaders must run (quantized layers, tensor-parallel ranks)."""
+        if getattr(model, "quantization", None) is not None or getattr(model, "tp_size", 1) != 1:
+            return None
+        plan = model.__dict__.get("_copy_plan")
+        if plan is None:
+            plan = model.__dict__["_copy_plan"] = CopyPlan(model)
+        return plan
+
+    def apply(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (name, tensor) pairs into their views. Names and shapes are checked here
+        too (a KeyError or ValueError before anything is written), though every caller
+        has validated them already."""
+        grouped: dict[tuple, tuple[list, list]] = {}
+        for name, t in named_tensors:
+            if name not in self.views:
+                raise KeyError(f"checkpoint tensor {name!r} matches no parameter of this model")
+            view = self.views[name]
+            if view is None:
+                continue
+            if view.shape != t.shape:
+                raise ValueError(f"{name}: checkpoint tensor has shape {tuple(t.shape)}, expected {tuple(view.shape)}")
+            dsts, srcs = grouped.setdefault((t.device, t.dtype), ([], []))
+            dsts.append(view)
+            srcs.append(t)
+        for (device, _), (dsts, srcs) in grouped.items():
+            if device == dsts[0].device:
+                torch._foreach_copy_(dsts, srcs)  # one call; batched kernel launches on a GPU
+            else:  # host to device: one copy each, straight into the weights (no staging copy)
+                for dst, src in zip(dsts, srcs):
+                    dst.copy_(src, non_blocking=True)
