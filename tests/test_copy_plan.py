@@ -80,3 +80,8 @@ def test_quantized_models_and_tensor_parallel_ranks_use_the_loaders(tmp_path):
     assert CopyPlan.for_model(engine.model) is not None
     engine.update_weights_from_tensor(list(CheckpointReader(make_random(tmp_path / "d", config, seed=2)).iter_tensors()))
     engine.verify_addresses()
+
+
+def test_the_environment_switch_falls_back_to_the_loaders(monkeypatch):
+    monkeypatch.setenv("COURSE_LIB_COPY_PLAN", "0")
+    assert CopyPlan.for_model(model_of(CONFIGS["gqa-untied"])) is None

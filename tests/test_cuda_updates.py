@@ -89,3 +89,21 @@ def test_pinned_reader_reads_exactly_what_the_cpu_reader_reads(make_ckpt, monkey
     assert cpu.keys() == gpu.keys()
     for name, t in cpu.items():
         assert gpu[name].is_cuda and gpu[name].dtype == t.dtype and torch.equal(gpu[name].cpu(), t), name
+
+
+@pytest.mark.parametrize("source", ["cuda", "cpu"])
+def test_copy_plan_on_the_gpu_writes_what_the_loaders_write(ckpts, monkeypatch, source):
+    """Grouped device copies (and host-to-device copies straight into the weights) put
+    the same bytes in the same memory as the per-tensor loaders, graphs replaying them."""
+    from course_lib.weights.checkpoint import CheckpointReader
+    a, b = ckpts
+    new = [(n, t.to(source)) for n, t in CheckpointReader(b).iter_tensors()]
+    states = {}
+    for plan in ("1", "0"):
+        monkeypatch.setenv("COURSE_LIB_COPY_PLAN", plan)
+        engine = Engine(a, device="cuda", enable_cuda_graph=True)
+        engine.update_weights_from_tensor(new)
+        assert_addresses_unchanged(engine)
+        assert_hot_equals_cold(engine, b, PROMPTS)
+        states[plan] = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    assert all(torch.equal(v, states["0"][k]) for k, v in states["1"].items())

@@ -9,8 +9,9 @@ Measured in one run, on the same checkpoint:
 - a plain per-tensor ``param.copy_(src)`` loop from tensors already on the device (what a
   naive in-process update does);
 - IPC: a separate trainer process hands over flattened buckets (CUDA IPC handles on GPU,
-  shared memory on CPU); engine-side time (the ``update_weights_from_tensor`` calls) and
-  end to end (including the trainer packing each bucket);
+  shared memory on CPU) twice through the same buffers, as a trainer does step after
+  step; engine-side time (the ``update_weights_from_tensor`` calls) and end to end
+  (including the trainer packing each bucket), for the second round and the first;
 - disk: ``update_weights_from_disk`` from a page-cached checkpoint, layer by layer and
   with full staging;
 - transformers' ``model.load_state_dict(load_file(...))`` on the same files, when
@@ -80,32 +81,41 @@ def per_tensor_loop(engine: Engine, reader: CheckpointReader) -> float:
     return nbytes / seconds / 1e9
 
 
-def ipc_update(engine: Engine, path, bucket_bytes: int) -> dict:
-    """A trainer process pushes buckets; returns engine-side and end-to-end GB/s."""
+def ipc_update(engine: Engine, path, bucket_bytes: int, rounds: int = 2) -> dict:
+    """A trainer process pushes the checkpoint ``rounds`` times through the same two
+    buffers; returns engine-side and end-to-end GB/s of the last round (the steady state
+    of a trainer that updates every step) and of the first (which also opens each IPC
+    handle and builds the engine's copy plan)."""
     ctx = mp.get_context("spawn")
     payloads, acks = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=trainer.push_ipc, args=(path, payloads, acks, bucket_bytes, engine.config.device))
+    child = ctx.Process(target=trainer.push_ipc,
+                        args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, rounds))
     child.start()
     engine.pause_generation("abort")
-    first = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
-    t_start, engine_s, nbytes, item = time.perf_counter(), 0.0, 0, first
-    phases: dict[str, float] = {}
-    while item is not None:
-        receipt, payload = item
-        t0 = time.perf_counter()
-        result = engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
-        engine_s += time.perf_counter() - t0
-        nbytes += result["bytes"]
-        for phase, ms in result["timings_ms"].items():
-            phases[phase] = phases.get(phase, 0.0) + ms
-        acks.put(receipt)
-        item = payloads.get(timeout=600)
-    end_to_end = time.perf_counter() - t_start
+    per_round = []
+    item = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
+    for _ in range(rounds):
+        t_start, engine_s, nbytes = time.perf_counter(), 0.0, 0
+        phases: dict[str, float] = {}
+        while item is not None:
+            receipt, payload = item
+            t0 = time.perf_counter()
+            result = engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
+            engine_s += time.perf_counter() - t0
+            nbytes += result["bytes"]
+            for phase, ms in result["timings_ms"].items():
+                phases[phase] = phases.get(phase, 0.0) + ms
+            acks.put(receipt)
+            item = payloads.get(timeout=600)
+        end_to_end = time.perf_counter() - t_start
+        per_round.append({"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9,
+                          "end_to_end_gbps": nbytes / end_to_end / 1e9, "engine_ms_by_phase": phases})
+        if len(per_round) < rounds:
+            item = payloads.get(timeout=600)  # the next round's first bucket
     trainer.wait_for_exit(child, 600)
     engine.flush_cache()
     engine.continue_generation()
-    return {"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9, "end_to_end_gbps": nbytes / end_to_end / 1e9,
-            "engine_ms_by_phase": phases}
+    return {**per_round[-1], "rounds": rounds, "first_round": per_round[0]}
 
 
 def transformers_load(path, device: str) -> float | None:
@@ -188,6 +198,8 @@ def report(r: dict) -> None:
     if "ipc" in r:
         rows += [("IPC buckets, engine side", r["ipc"]["engine_gbps"], ref),
                  ("IPC buckets, end to end", r["ipc"]["end_to_end_gbps"], ref)]
+        if "first_round" in r["ipc"]:
+            rows.append(("IPC, first round, engine side", r["ipc"]["first_round"]["engine_gbps"], ref))
     for staging in ("layer", "full"):
         if f"disk_{staging}" in r:
             rows.append((f"disk, {'layer by layer' if staging == 'layer' else 'full staging'}",

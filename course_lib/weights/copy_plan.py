@@ -11,9 +11,11 @@ which on a GPU copies many tensors per kernel launch) for all of them.
 
 Quantized layers (the weight must be requantized) and tensor-parallel ranks (the
 incoming tensor must be sliced) keep the general path: ``CopyPlan.for_model`` says None.
+So does ``COURSE_LIB_COPY_PLAN=0`` in the environment, to compare the two paths.
 """
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import torch
@@ -51,6 +53,8 @@ class CopyPlan:
         """The model's plan (made on first use, then kept), or None where the general
         loaders must run (quantized layers, tensor-parallel ranks)."""
         if getattr(model, "quantization", None) is not None or getattr(model, "tp_size", 1) != 1:
+            return None
+        if os.environ.get("COURSE_LIB_COPY_PLAN") == "0":
             return None
         plan = model.__dict__.get("_copy_plan")
         if plan is None:

@@ -15,10 +15,12 @@ from course_lib.weights.transports.dist import WeightBroadcaster
 from course_lib.weights.transports.ipc import BucketSender
 
 
-def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu", num_buffers: int = 2) -> None:
+def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu", num_buffers: int = 2,
+             rounds: int = 1) -> None:
     """Put serialized buckets on ``payloads``, at most ``num_buffers`` unacknowledged at a
     time (the next is packed while the engine applies the last); a bucket's buffer is
-    reused only after its receipt comes back on ``acks``. Finishes with ``None``."""
+    reused only after its receipt comes back on ``acks``. Each round (one whole update)
+    ends with ``None``; later rounds reuse the same buffers, as an RL trainer's steps do."""
     from collections import deque
 
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
@@ -31,14 +33,15 @@ def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "
             raise RuntimeError(f"acknowledged bucket {acked}, expected {expected}")
         sender.release(acked)
 
-    for receipt, payload in sender.payloads(tensors):
-        payloads.put((receipt, payload))
-        in_flight.append(receipt)
-        if len(in_flight) == num_buffers:
-            wait_for_ack()  # frees the buffer the next bucket will be packed into
-    while in_flight:
-        wait_for_ack()
-    payloads.put(None)
+    for _ in range(rounds):
+        for receipt, payload in sender.payloads(tensors):
+            payloads.put((receipt, payload))
+            in_flight.append(receipt)
+            if len(in_flight) == num_buffers:
+                wait_for_ack()  # frees the buffer the next bucket will be packed into
+        while in_flight:
+            wait_for_ack()
+        payloads.put(None)
 
 
 def push_broadcast(checkpoint_path, master_port: int, announcements, bucket_bytes: int, world_size: int = 2,
