@@ -24,6 +24,7 @@ from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_
 from course_lib.weights.transports.remote import WaitingForWeightsError
 from course_lib.engine.hot_update import EngineBusyError, EnginePausedError, HotUpdateMixin  # noqa: F401
 from course_lib.weights.audit import AddressAudit
+from course_lib.weights.copy_plan import CopyPlan
 
 
 
@@ -131,6 +132,8 @@ class Engine(HotUpdateMixin):
             self.model = dummy_model(self.model_config, device, self.config.dtype, tp_rank, tp_size, quantization, seed)
         else:
             self.model = load_model(reader, device, self.config.dtype, tp_rank, tp_size, quantization=quantization)
+        # Where each checkpoint tensor lands, worked out now so the first update does not pay for it.
+        CopyPlan.for_model(self.model)
         self.timings["load_weights_s"] = time.perf_counter() - t1
         if num_kv_blocks is None:  # room for every slot's sequence at full length
             num_kv_blocks = max_num_seqs * -(-max_model_len // block_size)
