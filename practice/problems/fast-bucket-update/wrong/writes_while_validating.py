@@ -5,34 +5,16 @@ from __future__ import annotations
 import torch
 
 from course_lib.weights.checkpoint import hf_tensor_shapes
+from course_lib.weights.copy_plan import checkpoint_view
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def destination(model, name):
-    """The view of the model's memory that checkpoint tensor ``name`` fills, or None
-    when the model keeps no separate copy of it (e.g. ``lm_head.weight`` when tied)."""
-    target = model.map_checkpoint_name(name)
-    if target is None:
-        return None
-    param_name, shard_id = target
-    module_name, attr = param_name.rsplit(".", 1)
-    module = model.get_submodule(module_name)
-    data = getattr(module, attr).data      # .data: the storage the kernels read
-    if shard_id is None:
-        return data
-    if hasattr(module, "offsets"):         # qkv_proj: shard "q", "k" or "v"
-        start, size = module.offsets[shard_id]
-    else:                                  # gate_up_proj: shard 0 (gate) or 1 (up)
-        start = sum(module.output_sizes[:shard_id]) // module.tp_size
-        size = module.output_sizes[shard_id] // module.tp_size
-    return data.narrow(0, start, size)     # a view: writing it writes the parameter
 
 
 class BucketUpdater:
     def __init__(self, model):
         shapes = hf_tensor_shapes(model.config)
-        self.plan = {name: (destination(model, name), tuple(shape)) for name, shape in shapes.items()}
+        # checkpoint_view: the parameter, or the rows of a fused one (a narrow: a view)
+        self.plan = {name: (checkpoint_view(model, name), tuple(shape)) for name, shape in shapes.items()}
 
     def apply(self, bucket) -> int:
         flat, metadata = bucket["flattened_tensor"], bucket["metadata"]
