@@ -118,16 +118,37 @@ def unpack(bucket: dict) -> list[tuple[str, torch.Tensor]]:
     except (KeyError, TypeError) as exc:
         raise BucketError("a bucket is a dict with 'flattened_tensor' and 'metadata'") from exc
     validate(flat, metadata)
+    if flat.dtype == torch.uint8:
+        return _byte_layout_views(flat, metadata)
+    out = []
+    for m in metadata:                             # SGLang layout: undo the promotion
+        t = flat[m.start_idx:m.end_idx].view(m.shape)
+        out.append((m.name, t if t.dtype == m.dtype else t.to(m.dtype)))
+    return out
+
+
+def _byte_layout_views(flat: torch.Tensor, metadata) -> list[tuple[str, torch.Tensor]]:
+    """Zero-copy views of a byte-layout bucket's tensors. Each is one ``as_strided`` on a
+    view of the whole buffer in the tensor's dtype, rather than a slice, a dtype view and a
+    shape view: a third of the tensor operations, which is what an update of hundreds of
+    small tensors spends its time on. (Offsets were checked by ``validate``.)"""
+    typed: dict[torch.dtype, torch.Tensor | None] = {}
+    strides: dict[tuple, tuple] = {}
     out = []
     for m in metadata:
-        piece = flat[m.start_idx:m.end_idx]
-        if flat.dtype == torch.uint8 and m.dtype != torch.uint8:
-            t = piece.view(m.dtype).view(m.shape)   # byte layout: a view, no copy
-        else:
-            t = piece.view(m.shape)
-            if t.dtype != m.dtype:                 # SGLang layout: undo the promotion
-                t = t.to(m.dtype)
-        out.append((m.name, t))
+        if m.dtype not in typed:
+            try:
+                typed[m.dtype] = flat.view(m.dtype)
+            except RuntimeError:  # the buffer's length or offset is not a multiple of the item size
+                typed[m.dtype] = None
+        whole, shape = typed[m.dtype], tuple(m.shape)
+        if whole is None:
+            out.append((m.name, flat[m.start_idx:m.end_idx].view(m.dtype).view(shape)))
+            continue
+        if shape not in strides:
+            strides[shape] = tuple(_numel(shape[i + 1:]) for i in range(len(shape)))
+        offset = whole.storage_offset() + m.start_idx // m.dtype.itemsize  # as_strided counts from the storage's start
+        out.append((m.name, whole.as_strided(shape, strides[shape], offset)))
     return out
 
 
