@@ -87,8 +87,9 @@ def cmd_check(args) -> int:
         todo += [(p, p.solution, True), (p, p.starter, False)] + [(p, w, False) for w in p.wrong_answers()]
     if not todo:
         raise UsageError(f"no problems in {_rel(problems.PROBLEMS)}")
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)  # the runs share the cores
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
-        results = list(pool.map(lambda t: run(t[0], t[1], timeout=args.timeout), todo))
+        results = list(pool.map(lambda t: run(t[0], t[1], timeout=args.timeout, threads=threads), todo))
     rows, records, all_ok = [], [], True
     for (p, path, should_pass), res in zip(todo, results):
         verdict = report.check_verdict(should_pass, res)

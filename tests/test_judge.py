@@ -35,7 +35,9 @@ from judging.run import Case, RunResult  # noqa: E402
 
 def judge(*args, judge_py=PRACTICE / "judge.py", env=None):
     e = {k: v for k, v in os.environ.items() if k != "COURSE_HIDDEN_DIR"}
-    e.update({"CUDA_VISIBLE_DEVICES": ""}, **(env or {}))
+    # The scenarios run side by side: one torch thread per process keeps their OpenMP
+    # threads from spinning against each other (which slows each run many times over).
+    e.update({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}, **(env or {}))
     return subprocess.run([sys.executable, str(judge_py), *map(str, args)], cwd=REPO, env=e,
                           capture_output=True, text=True, timeout=500)
 
@@ -282,3 +284,13 @@ def test_check_verdicts_say_what_is_wrong():
     assert report.check_verdict(False, result("pass", "fail")) == "ok"
     assert report.check_verdict(True, result("pass", hidden=False)).startswith("WRONG: no hidden tests")
     assert not result("not graded").ok and not result().ok and result("pass", "not graded").ok
+
+
+def test_runs_side_by_side_get_a_share_of_the_cores(monkeypatch, tmp_path):
+    from judging.run import _environment
+    problem = problems.load(SLUG)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert _environment(tmp_path / "x.py", tmp_path / "r", problem, threads=3)["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in _environment(tmp_path / "x.py", tmp_path / "r", problem)
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the user's own setting wins
+    assert _environment(tmp_path / "x.py", tmp_path / "r", problem, threads=3)["OMP_NUM_THREADS"] == "5"

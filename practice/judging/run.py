@@ -64,8 +64,11 @@ class RunResult:
 
 
 def run(problem: Problem, candidate: Path, *, hidden: bool = True, timeout: float = 120.0,
-        select: str | None = None) -> RunResult:
-    """Grade ``candidate`` (a .py file) with the public tests, and the hidden ones if asked and present."""
+        select: str | None = None, threads: int | None = None) -> RunResult:
+    """Grade ``candidate`` (a .py file) with the public tests, and the hidden ones if asked and present.
+
+    ``threads``: the CPU threads torch may use in this run (``OMP_NUM_THREADS``), for runs
+    that share the machine with others; an ``OMP_NUM_THREADS`` already set wins."""
     candidate = Path(candidate)
     hidden_files = problem.hidden_files() if hidden else []
     result = RunResult(problem.slug, str(candidate), bool(hidden_files))
@@ -79,7 +82,7 @@ def run(problem: Problem, candidate: Path, *, hidden: bool = True, timeout: floa
         (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
         shutil.copyfile(PLUGIN, work / "conftest.py")
         results = root / "results.jsonl"  # outside the learner's directory
-        env = _environment(work / name, results, problem)
+        env = _environment(work / name, results, problem, threads)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
                "--rootdir", str(work), *[p.name for p in tests if p.name.startswith("test_")]]
         if select:
@@ -106,8 +109,12 @@ def _copy_tests(problem: Problem, hidden_files: list[Path], work: Path) -> list[
     return copied
 
 
-def _environment(candidate: Path, results: Path, problem: Problem) -> dict:
+def _environment(candidate: Path, results: Path, problem: Problem, threads: int | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "COURSE_JUDGE_RESULTS")}
+    if threads and "OMP_NUM_THREADS" not in env:
+        # Runs side by side must not each start a thread per core: OpenMP threads that
+        # outnumber the cores spin against each other and slow every run down many times.
+        env["OMP_NUM_THREADS"] = str(threads)
     path = [str(candidate.parent)] + ([str(REPO)] if (REPO / "course_lib").is_dir() else [])
     env.update(
         COURSE_CANDIDATE=str(candidate),

@@ -8,11 +8,22 @@ notebook cannot spawn functions defined in itself).
 """
 from __future__ import annotations
 
+import os
 import time
+
+import torch
 
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.dist import WeightBroadcaster
 from course_lib.weights.transports.ipc import BucketSender
+
+
+def share_cores(device: str) -> None:
+    """A stand-in trainer on the CPU shares the machine with the engine: it takes half the
+    cores. Both taking all of them makes their OpenMP threads spin against each other, and
+    an engine-side copy of a few milliseconds then takes tens or hundreds."""
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
 def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu", num_buffers: int = 2,
@@ -23,6 +34,7 @@ def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "
     ends with ``None``; later rounds reuse the same buffers, as an RL trainer's steps do."""
     from collections import deque
 
+    share_cores(device)
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
     sender = BucketSender(bucket_bytes, device=device, num_buffers=num_buffers)
     in_flight: deque[int] = deque()
@@ -49,6 +61,7 @@ def push_broadcast(checkpoint_path, master_port: int, announcements, bucket_byte
                    results=None) -> None:
     """Be rank 0 of a weight-update group and broadcast the checkpoint in buckets; each
     bucket's request (names, dtypes, shapes) goes on ``announcements`` first."""
+    share_cores(device)
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
     sender = WeightBroadcaster("127.0.0.1", master_port, world_size, group_name, backend, device, bucket_bytes)
     stats = sender.broadcast(tensors, announcements.put)
