@@ -166,8 +166,10 @@ class Engine(HotUpdateMixin):
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, prompt: str | None = None, sampling_params=None, input_ids=None,
-                    rid: str | None = None) -> str:
-        """Queue one request; returns its id. Raises ValueError for a prompt that cannot fit."""
+                    rid: str | None = None, return_logprob: bool = False) -> str:
+        """Queue one request; returns its id. Raises ValueError for a prompt that cannot fit.
+        ``return_logprob``: its output carries ``meta_info["output_token_logprobs"]``,
+        SGLang's ``(logprob, token_id, None)`` per output token."""
         self._check_healthy()
         if self.waiting_for_weights:
             raise WaitingForWeightsError("waiting for weights: this engine started with load_format='dummy' "
@@ -193,7 +195,8 @@ class Engine(HotUpdateMixin):
         if rid is not None and rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         # Unseeded sampling is still reproducible: the n-th request of an engine draws from seed + n.
-        seq = Sequence(ids, params, self.config.block_size, rid, default_seed=self.seed + self.num_requests)
+        seq = Sequence(ids, params, self.config.block_size, rid, default_seed=self.seed + self.num_requests,
+                       return_logprob=bool(return_logprob))
         self.num_requests += 1
         self.requests[seq.rid] = seq
         self.scheduler.add(seq)
@@ -243,11 +246,15 @@ class Engine(HotUpdateMixin):
                 "weight_version": seq.token_versions[-1] if seq.token_versions else self.weight_version,
                 "weight_versions": seq.version_spans(),
                 "e2e_latency": time.perf_counter() - seq.arrival_time,
+                **({"output_token_logprobs": [(lp, tok, None) for lp, tok in
+                                              zip(seq.output_logprobs, seq.completion_token_ids)]}
+                   if seq.return_logprob else {}),
             },
         }
 
-    def generate(self, prompts=None, sampling_params=None, input_ids=None) -> list[dict]:
-        """Generate for a prompt or a list of prompts (or token-id lists); outputs in input order."""
+    def generate(self, prompts=None, sampling_params=None, input_ids=None, return_logprob=False) -> list[dict]:
+        """Generate for a prompt or a list of prompts (or token-id lists); outputs in input order.
+        ``return_logprob``: one flag for all, or one per prompt (see ``add_request``)."""
         if (prompts is None) == (input_ids is None):
             raise ValueError("give exactly one of prompts or input_ids")
         if prompts is not None:
@@ -260,7 +267,11 @@ class Engine(HotUpdateMixin):
         if len(params) != len(items):
             raise ValueError(f"{len(params)} sampling_params for {len(items)} prompts")
         params = [SamplingParams.coerce(p) for p in params]  # validate all before queueing any
-        rids = [self.add_request(**{key: item}, sampling_params=p) for item, p in zip(items, params)]
+        flags = return_logprob if isinstance(return_logprob, list) else [return_logprob] * len(items)
+        if len(flags) != len(items):
+            raise ValueError(f"{len(flags)} return_logprob flags for {len(items)} prompts")
+        rids = [self.add_request(**{key: item}, sampling_params=p, return_logprob=f)
+                for item, p, f in zip(items, params, flags)]
         done: dict[str, dict] = {}
         while len(done) < len(rids):
             if not self.has_unfinished_requests():

@@ -52,7 +52,7 @@ class Sequence:
     _ids = itertools.count()
 
     def __init__(self, token_ids: list[int], params: SamplingParams, block_size: int,
-                 rid: str | None = None, default_seed: int = 0):
+                 rid: str | None = None, default_seed: int = 0, return_logprob: bool = False):
         self.seq_id = next(Sequence._ids)
         self.rid = rid or uuid.uuid4().hex
         self.token_ids = list(token_ids)
@@ -64,6 +64,11 @@ class Sequence:
         self.num_cached_tokens = 0      # tokens whose KV was found in the prefix cache
         self.prefix_hit_tokens = 0      # the same, as seen at this request's first prefill
         self.token_versions: list[str] = []  # weight version that produced each output token
+        # With return_logprob: each output token's logprob under the distribution it was
+        # drawn from (the sampler leaves it in next_logprob; append_token records it).
+        self.return_logprob = return_logprob
+        self.output_logprobs: list[float] = []
+        self.next_logprob: float | None = None
         self.finish_reason: dict | None = None
         self.kv_epoch = 0               # weight-update count when this request's KV was computed
         self.retract_record: dict | None = None  # the pause that retracted it, until re-prefilled
@@ -97,6 +102,9 @@ class Sequence:
     def append_token(self, token_id: int, version: str) -> None:
         self.token_ids.append(token_id)
         self.token_versions.append(version)
+        if self.return_logprob:
+            self.output_logprobs.append(self.next_logprob)
+            self.next_logprob = None
 
     @property
     def is_finished(self) -> bool:

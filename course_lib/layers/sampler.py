@@ -1,7 +1,10 @@
 """Turn the last position's logits into next tokens: greedy, or seeded temperature/top-p.
 
 Each sequence samples with its own generator, so a seeded request draws the same tokens
-whatever else shares its batch.
+whatever else shares its batch. A sequence that asked for logprobs also gets the chosen
+token's logprob: ``log_softmax(logits / temperature)`` (temperature 1 when greedy), the
+distribution the token was drawn from before top-p truncation, which is what an RL
+trainer compares with its own policy at the same temperature.
 """
 from __future__ import annotations
 
@@ -26,6 +29,21 @@ def sample_batch(logits: torch.Tensor, seqs) -> list[int]:
     """Next token for each sequence; its sampling params and generator come from the sequence."""
     greedy = all(s.params.temperature <= 1e-5 for s in seqs)
     if greedy:
-        return logits.argmax(dim=-1).tolist()
-    rows = logits.float().cpu()
-    return [sample(rows[i], s.params.temperature, s.params.top_p, s.generator) for i, s in enumerate(seqs)]
+        tokens = logits.argmax(dim=-1).tolist()
+    else:
+        rows = logits.float().cpu()
+        tokens = [sample(rows[i], s.params.temperature, s.params.top_p, s.generator) for i, s in enumerate(seqs)]
+    record_logprobs(logits, seqs, tokens)
+    return tokens
+
+
+def record_logprobs(logits: torch.Tensor, seqs, tokens: list[int]) -> None:
+    """Leave each chosen token's logprob on the sequences that asked for one."""
+    want = [i for i, s in enumerate(seqs) if getattr(s, "return_logprob", False)]
+    if not want:
+        return
+    temps = torch.tensor([seqs[i].params.temperature if seqs[i].params.temperature > 1e-5 else 1.0 for i in want])
+    rows = logits[want].float().cpu() / temps[:, None]
+    chosen = torch.log_softmax(rows, dim=-1)[torch.arange(len(want)), torch.tensor([tokens[i] for i in want])]
+    for i, value in zip(want, chosen.tolist()):
+        seqs[i].next_logprob = value

@@ -24,14 +24,13 @@ from course_lib.server.worker import EngineWorker
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 
 
-def generate_inputs(req: s.GenerateRequest) -> tuple[list, str, list[SamplingParams], bool]:
-    """(items, "prompt" or "input_ids", sampling params per item, whether it was a batch)."""
+def generate_inputs(req: s.GenerateRequest) -> tuple[list, str, list[SamplingParams], list[bool], bool]:
+    """(items, "prompt" or "input_ids", sampling params per item, return_logprob per item,
+    whether it was a batch)."""
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "bad_request", "give exactly one of text or input_ids")
     if req.stream:
         raise ApiError(400, "unsupported", "stream=true is not supported; responses come whole")
-    if req.return_logprob is True or (isinstance(req.return_logprob, list) and any(req.return_logprob)):
-        raise ApiError(400, "unsupported", "return_logprob is not supported by this engine")
     if req.text is not None:
         batched = isinstance(req.text, list)
         items, key = (req.text if batched else [req.text]), "prompt"
@@ -50,7 +49,10 @@ def generate_inputs(req: s.GenerateRequest) -> tuple[list, str, list[SamplingPar
         params = [SamplingParams.coerce(p) for p in raw]
     except (ValueError, TypeError) as exc:
         raise ApiError(400, "bad_request", f"bad sampling_params: {exc}") from None
-    return items, key, params, batched
+    flags = req.return_logprob if isinstance(req.return_logprob, list) else [bool(req.return_logprob)] * len(items)
+    if len(flags) != len(items):
+        raise ApiError(400, "bad_request", f"{len(flags)} return_logprob flags for {len(items)} prompts")
+    return items, key, params, flags, batched
 
 
 def create_app(engine, allow_weight_update: bool = False, api_key: str | None = None,
@@ -86,8 +88,8 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
 
     @app.post("/generate")
     async def generate(req: s.GenerateRequest):
-        items, key, params, batched = generate_inputs(req)
-        outputs = await worker.generate_async(items, key, params)
+        items, key, params, flags, batched = generate_inputs(req)
+        outputs = await worker.generate_async(items, key, params, flags)
         outputs = [{k: v for k, v in out.items() if k != "rid"} for out in outputs]  # meta_info.id has it
         return outputs if batched else outputs[0]
 

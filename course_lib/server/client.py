@@ -62,9 +62,10 @@ class EngineClient:
         return self.request("GET", "/health")
 
     def generate(self, text=None, input_ids=None, sampling_params=None, retry_paused_s: float = 0.0,
-                 retry_interval_s: float = 0.05):
-        """Generate; while the server answers 503 ``paused``, retry for up to ``retry_paused_s``."""
-        body = {"sampling_params": sampling_params}
+                 retry_interval_s: float = 0.05, return_logprob=False):
+        """Generate; while the server answers 503 ``paused``, retry for up to ``retry_paused_s``.
+        ``return_logprob``: outputs carry ``meta_info["output_token_logprobs"]``."""
+        body = {"sampling_params": sampling_params, "return_logprob": return_logprob}
         body.update({"text": text} if text is not None else {"input_ids": input_ids})
         deadline = time.monotonic() + retry_paused_s
         while True:

@@ -89,16 +89,18 @@ class EngineWorker:
         """``submit`` and wait (for tests and notebooks that hold a server in-process)."""
         return self.submit(fn).result(timeout)
 
-    def generate(self, items: list, key: str, params: list) -> concurrent.futures.Future:
+    def generate(self, items: list, key: str, params: list, return_logprob: list | None = None
+                 ) -> concurrent.futures.Future:
         """Queue one request per item (``key`` is "prompt" or "input_ids"); the future
         resolves with their outputs in order once every one has finished."""
+        flags = return_logprob or [False] * len(items)
         done: concurrent.futures.Future = concurrent.futures.Future()
 
         def add(engine):
             rids = []
             try:
-                for item, p in zip(items, params):
-                    rids.append(engine.add_request(**{key: item}, sampling_params=p))
+                for item, p, flag in zip(items, params, flags):
+                    rids.append(engine.add_request(**{key: item}, sampling_params=p, return_logprob=flag))
             except BaseException:
                 # Requests already queued still run to the end; nobody waits for their outputs.
                 for rid in rids:
@@ -115,8 +117,9 @@ class EngineWorker:
         self.submit(add).add_done_callback(refused)
         return done
 
-    async def generate_async(self, items: list, key: str, params: list) -> list[dict]:
-        return await asyncio.wrap_future(self.generate(items, key, params))
+    async def generate_async(self, items: list, key: str, params: list, return_logprob: list | None = None
+                             ) -> list[dict]:
+        return await asyncio.wrap_future(self.generate(items, key, params, return_logprob))
 
     # ---- the engine thread -------------------------------------------------------------
     def _steppable(self) -> bool:
