@@ -157,6 +157,62 @@ def test_snapshot_and_rollback_on_every_rank(on_a, ckpts):
     assert_ranks_equal_cold(on_a, ckpts[0])
 
 
+def _broadcast_from_a_trainer(engine, path, each_bucket):
+    """A trainer process (group rank 0) broadcasts ``path`` to both engine ranks (group
+    ranks 1 and 2); ``each_bucket(request)`` is called per announced bucket."""
+    import multiprocessing as mp
+    import socket
+
+    from course_lib.weights.transports import trainer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    announcements = ctx.Queue()
+    child = ctx.Process(target=trainer.push_broadcast, args=(path, port, announcements, 60_000),
+                        kwargs={"world_size": 3})
+    child.start()
+    assert engine.init_weights_update_group("127.0.0.1", port, 1, 3, "weight_update_group", "gloo")["success"]
+    try:
+        buckets = 0
+        while (request := announcements.get(timeout=60)) is not None:
+            each_bucket(request)
+            buckets += 1
+        assert trainer.wait_for_exit(child) == 0  # the trainer finished: every rank took every bucket
+    finally:
+        engine.destroy_weights_update_group()
+    return buckets
+
+
+def test_broadcast_from_a_trainer_reaches_every_rank(on_a, ckpts):
+    """SGLang's way: every rank takes the full broadcast, its loaders keep its slice."""
+    a, b = ckpts
+    on_a.pause_generation("abort")
+    buckets = _broadcast_from_a_trainer(
+        on_a, b, lambda request: on_a.update_weights_from_distributed(**request, weight_version="b"))
+    on_a.continue_generation()
+    assert buckets > 2
+    assert on_a.get_weight_version() == "b"
+    assert_ranks_equal_cold(on_a, b)
+    assert_matches_tp1(on_a, b)
+
+
+def test_busy_engine_refuses_a_broadcast_on_every_rank_and_still_drains_it(on_a, ckpts):
+    before = on_a.rank_parameters(1)
+    on_a.add_request(PROMPTS[0], {"max_new_tokens": 4})
+    refusals = []
+
+    def refused(request):
+        with pytest.raises(EngineBusyError, match="not paused"):
+            on_a.update_weights_from_distributed(**request)
+        refusals.append(1)
+    _broadcast_from_a_trainer(on_a, ckpts[1], refused)
+    assert refusals and on_a.health()["healthy"]
+    after = on_a.rank_parameters(1)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
 def test_heads_must_divide_before_any_process_starts(make_ckpt):
     path = make_ckpt("tiny", seed=63)  # 2 KV heads
     with pytest.raises(ValueError, match=r"num_key_value_heads \(2\) is not divisible by tensor_parallel_size \(4\)"):

@@ -364,13 +364,16 @@ class HotUpdateMixin:
     def update_weights_from_distributed(self, names, dtypes, shapes, group_name: str = "weight_update_group",
                                         flush_cache: bool = True, weight_version: str | None = None,
                                         load_format: str | None = None, abort_all_requests: bool = False,
-                                        check_finite: bool = False, wait_timeout_s: float = 600.0) -> dict:
+                                        check_finite: bool = False, wait_timeout_s: float = 600.0,
+                                        refuse_with: str | None = None) -> dict:
         """Receive tensors the trainer broadcasts (rank 0) and load them in place.
 
         ``load_format="flattened_bucket"``: all named tensors arrive as one byte buffer;
         otherwise one broadcast per tensor (SGLang's default). The bytes are received even
         when the update is refused (busy, unknown name, wrong shape): the trainer is
         already sending, and a receiver that walked away would leave it hanging.
+        ``refuse_with``: receive, then refuse with this message (a tensor-parallel rank
+        whose rank 0 refused: every rank must take the broadcast and none may apply it).
         """
         group = self._weight_groups.get(group_name)
         if group is None:
@@ -383,6 +386,8 @@ class HotUpdateMixin:
             raise UpdateError(f"unknown dtype in {dtypes}") from None
         refusal = None
         try:
+            if refuse_with is not None:
+                raise UpdateError(refuse_with)
             self._refuse_if_busy(abort_all_requests)
             if len(set(names)) != len(names):
                 raise UpdateError("the update names a tensor more than once")

@@ -13,7 +13,9 @@ forward, meeting in the same collectives; the workers throw away the logits. On 
 rank captures its own CUDA graphs, collectives included.
 
 Weight updates go to every rank: each loads the same checkpoint tensors through its own
-loaders, which slice them. Rank 0 checks the pause rules first (only it has requests),
+loaders, which slice them (from disk, from tensors, or from a trainer's broadcast that
+every rank receives in full, as SGLang's ranks do; ``update_weights_resharded`` instead
+sends each rank only its pieces). Rank 0 checks the pause rules first (only it has requests),
 drains ``wait`` mode before anything changes, then the ranks apply in parallel. Ranks
 that disagree (one applied, one failed) leave the engine marked unhealthy.
 """
@@ -50,6 +52,13 @@ class SeqView:
     @classmethod
     def of(cls, seq) -> "SeqView":
         return cls(list(seq.token_ids), seq.num_tokens, seq.num_cached_tokens, list(seq.block_table))
+
+
+def receive_broadcast_update(engine, names, dtypes, shapes, group_name, refusal, **kwargs) -> dict:
+    """One rank's side of ``TPEngine.update_weights_from_distributed`` (module level, so
+    it can be sent to the workers): the plain engine's receive-and-load on this rank."""
+    return Engine.update_weights_from_distributed(engine, names, dtypes, shapes, group_name,
+                                                  refuse_with=refusal, **kwargs)
 
 
 class WorkerError(RuntimeError):
@@ -321,9 +330,25 @@ class TPEngine(Engine):
     def destroy_weights_update_group(self, *args, **kwargs) -> dict:
         return self._call_everywhere("destroy_weights_update_group", *args, **kwargs)
 
-    def update_weights_from_distributed(self, *args, **kwargs):
-        raise NotImplementedError("a TPEngine receives from a trainer through update_weights_resharded "
-                                  "(each rank takes only its pieces)")
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name: str = "weight_update_group",
+                                        **kwargs) -> dict:
+        """SGLang's way for tensor-parallel engines: every rank is a member of the trainer's
+        weight-update group (``rank_offset + tp_rank``), receives the full broadcast and
+        keeps its slice through its loaders. (``update_weights_resharded`` sends each rank
+        only its pieces instead.) When rank 0 refuses (busy), every rank still receives
+        the bytes and then refuses too: nothing changes anywhere, no sender is left hanging."""
+        refused = None
+        try:
+            self._before_update(kwargs)
+        except RuntimeError as exc:
+            refused = exc
+        try:
+            return self.apply_everywhere(receive_broadcast_update, names, dtypes, shapes, group_name,
+                                         None if refused is None else str(refused), **kwargs)
+        except UpdateError:
+            if refused is not None:
+                raise refused from None
+            raise
 
     def update_weights_resharded(self, plan, group_name: str = "weight_update_group",
                                  weight_version: str | None = None, flush_cache: bool = True,
