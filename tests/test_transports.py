@@ -176,3 +176,17 @@ def test_refused_distributed_update_still_drains_the_broadcast(ckpts):
     now, want = engine.model.state_dict(), expected.model.state_dict()
     assert all(torch.equal(now[k], want[k]) for k in want)
     assert any(not torch.equal(now[k], before[k]) for k in before)
+
+
+def test_transports_benchmark_measures_real_transfers(ckpts):
+    """The benchmark's pieces (python -m course_lib.bench transports) run here on tiny sizes:
+    a raw broadcast between two processes, and in-memory updates that really land."""
+    from course_lib.bench import transports as bench_transports
+    assert bench_transports.raw_broadcast([1 << 16] * 3) > 0
+    a, b = ckpts
+    engine = Engine(a)
+    new = list(CheckpointReader(b).iter_tensors())
+    for bucket_bytes in (None, 1 << 14):
+        engine.update_weights_from_disk(a)
+        assert bench_transports.in_memory(engine, new, bucket_bytes, "cpu") > 0
+        assert_hot_equals_cold(engine, b, PROMPTS)

@@ -3,6 +3,7 @@ the unit tests. ``python -m course_lib.bench <name> --help``."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 from datetime import date
 
@@ -13,8 +14,19 @@ def run_header(benchmark: str, device: str, **fields) -> dict:
     """What every recorded result states: which benchmark, on what hardware, when."""
     gpu = torch.device(device).type == "cuda"
     return {"benchmark": benchmark, "device": device, "date": date.today().isoformat(),
-            "hardware": torch.cuda.get_device_name() if gpu else (platform.processor() or platform.machine()),
+            "hardware": torch.cuda.get_device_name() if gpu else cpu_name(),
             "torch": torch.__version__, **fields}
+
+
+def cpu_name() -> str:
+    """The CPU's model name and core count (from /proc/cpuinfo where there is one)."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {os.cpu_count()} cores"
 
 
 def save_json(result: dict, path: str | None) -> None:

@@ -1,0 +1,203 @@
+"""Transports against baselines measured in the same run, on this machine's device:
+
+- broadcast: a trainer process broadcasts a checkpoint in buckets and the engine loads it
+  (``update_weights_from_distributed``), against a raw broadcast of the same buckets
+  between the same two processes (what the wire alone allows);
+- bucketed against per-tensor: the same tensors into the engine through
+  ``update_weights_from_tensor``, one call per tensor against one per flattened bucket,
+  on a model of many small tensors (where per-call overhead decides);
+- a bucket-size sweep of the bucketed update, beside one flat copy of the same bytes.
+
+    python -m course_lib.bench transports --json out.json
+
+Runs on the CPU (gloo) as well as a GPU; a broadcast between GPUs needs two of them, so on
+a single-GPU machine the broadcast part runs over gloo from host memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from course_lib import Engine
+from course_lib.bench import run_header, save_json
+from course_lib.bench.update import median_time, sync
+from course_lib.weights import bucket
+from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
+from course_lib.weights.transports import dist as dist_transport
+from course_lib.weights.transports import trainer
+from course_lib.weights.transports.ipc import group_into_buckets
+
+CTX = mp.get_context("spawn")
+# Many small tensors: 24 layers of small matrices (267 tensors, ~15 MB in float32).
+MANY_SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=24, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32)
+SWEEP = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+# The broadcast's model: fewer, larger tensors (~125 MB in float32), so the wire shows.
+BROADCAST_MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raw_broadcast_sender(port: int, sizes: list[int], ready) -> None:
+    """Rank 0 of a plain gloo group: one warm-up broadcast, then one per bucket size."""
+    trainer.share_cores("cpu")
+    group, _store = dist_transport.new_group("127.0.0.1", port, 0, 2, "raw", "gloo")
+    dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8)).wait()
+    buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    ready.put(True)
+    pipelined(group, buffers)
+
+
+def pipelined(group, buffers, in_flight: int = 2) -> None:
+    """Broadcast (or receive) ``buffers`` in turn, ``in_flight`` at a time, as the trainer does."""
+    works = []
+    for buf in buffers:
+        if len(works) == in_flight:
+            works.pop(0).wait()
+        works.append(dist_transport.broadcast_async(group, buf))
+    for work in works:
+        work.wait()
+
+
+def raw_broadcast(sizes: list[int]) -> float:
+    """GB/s of broadcasting buffers of ``sizes`` bytes from another process, two in flight
+    (as the trainer sends them), with nothing else done to them."""
+    port, ready = free_port(), CTX.Queue()
+    child = CTX.Process(target=raw_broadcast_sender, args=(port, sizes, ready))
+    child.start()
+    group, _store = dist_transport.new_group("127.0.0.1", port, 1, 2, "raw", "gloo")
+    dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8)).wait()
+    ready.get(timeout=120)
+    buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    t0 = time.perf_counter()
+    pipelined(group, buffers)
+    seconds = time.perf_counter() - t0
+    trainer.wait_for_exit(child)
+    return sum(sizes) / seconds / 1e9
+
+
+def broadcast_update(engine: Engine, path, bucket_bytes: int) -> dict:
+    """A trainer process broadcasts ``path``; GB/s of the engine's receive-and-load."""
+    port, announcements, results = free_port(), CTX.Queue(), CTX.Queue()
+    child = CTX.Process(target=trainer.push_broadcast, args=(path, port, announcements, bucket_bytes),
+                        kwargs={"results": results, "group_name": "bench"})
+    child.start()
+    engine.init_weights_update_group("127.0.0.1", port, 1, 2, "bench", "gloo")
+    engine.pause_generation("abort")
+    nbytes, sizes, engine_s = 0, [], 0.0
+    first = announcements.get(timeout=120)
+    t0 = time.perf_counter()
+    request = first
+    while request is not None:
+        t = time.perf_counter()
+        result = engine.update_weights_from_distributed(**request, group_name="bench", flush_cache=False)
+        engine_s += time.perf_counter() - t
+        nbytes += result["bytes"]
+        dtypes = [getattr(torch, str(d).removeprefix("torch.")) for d in request["dtypes"]]
+        sizes.append(bucket.layout(request["names"], dtypes, request["shapes"])[-1].end_idx)
+        request = announcements.get(timeout=120)
+    total = time.perf_counter() - t0
+    stats = results.get(timeout=120)
+    trainer.wait_for_exit(child)
+    engine.destroy_weights_update_group("bench")
+    engine.flush_cache()
+    engine.continue_generation()
+    return {"bytes": nbytes, "buckets": len(sizes), "bucket_sizes": sizes, "gbps": nbytes / total / 1e9,
+            "engine_side_gbps": nbytes / engine_s / 1e9, "trainer": stats}
+
+
+def in_memory(engine: Engine, tensors: list, bucket_bytes: int | None, device: str) -> float:
+    """GB/s of ``update_weights_from_tensor``: one call per tensor (``bucket_bytes`` None)
+    or one per flattened bucket (packed beforehand, as a trainer would)."""
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    if bucket_bytes is None:
+        calls = [([pair], None) for pair in tensors]
+    else:
+        calls = [(bucket.pack(g), "flattened_bucket") for g in group_into_buckets(tensors, bucket_bytes)]
+
+    def run():
+        for payload, load_format in calls:
+            engine.update_weights_from_tensor(payload, load_format=load_format, flush_cache=False)
+    return nbytes / median_time(run, device, repeat=5) / 1e9
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m course_lib.bench transports")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--broadcast-preset", default=None,
+                   help="a preset for the broadcast part (default: a ~125 MB model of a few large tensors)")
+    p.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size of the broadcast and of the A/B")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    device = args.device
+    bucket_bytes = int(args.bucket_mb * (1 << 20))
+    res = run_header("transports", device, bucket_bytes=bucket_bytes)
+    steps = tqdm(total=4 + len(SWEEP), desc="transports benchmark")
+    with tempfile.TemporaryDirectory() as tmp:
+        # 1. Broadcast: engine update against the raw wire, same buckets, same two processes.
+        model = args.broadcast_preset or preset("small", **BROADCAST_MODEL)
+        a = make_random(f"{tmp}/a", model, seed=1)
+        b = make_random(f"{tmp}/b", model, seed=2)
+        engine = Engine(a, device=device)
+        res["broadcast"] = broadcast_update(engine, b, bucket_bytes)
+        steps.update()
+        res["broadcast"]["raw_gbps"] = raw_broadcast(res["broadcast"]["bucket_sizes"])
+        res["broadcast"]["of_raw"] = res["broadcast"]["gbps"] / res["broadcast"]["raw_gbps"]
+        res["broadcast"]["preset"] = args.broadcast_preset or "125 MB, 8 layers"
+        res["broadcast"]["checkpoint_bytes"] = CheckpointReader(b).nbytes()
+        steps.update()
+        del engine
+        # 2. and 3. Many small tensors: per-tensor calls, buckets, and a sweep of bucket sizes.
+        config = preset("small", **MANY_SMALL)
+        folder = Path(tmp) / "many"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config.to_hf_dict()))
+        engine = Engine(folder, device=device, load_format="dummy", num_kv_blocks=8, enable_cuda_graph=False)
+        engine.waiting_for_weights = False  # only updates are timed here, nothing is served
+        tensors = list(random_state_dict(config, seed=3, device=device).items())
+        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        res["many_small"] = {"tensors": len(tensors), "bytes": nbytes,
+                             "flat_copy_gbps": nbytes / median_time(lambda: dst.copy_(src), device) / 1e9}
+        steps.update()
+        res["many_small"]["per_tensor_gbps"] = in_memory(engine, tensors, None, device)
+        res["many_small"]["bucketed_gbps"] = in_memory(engine, tensors, bucket_bytes, device)
+        res["many_small"]["bucketed_over_per_tensor"] = (res["many_small"]["bucketed_gbps"]
+                                                         / res["many_small"]["per_tensor_gbps"])
+        steps.update()
+        res["sweep"] = []
+        for size in SWEEP:
+            gbps = in_memory(engine, tensors, size, device)
+            res["sweep"].append({"bucket_bytes": size, "gbps": gbps, "of_flat_copy": gbps / res["many_small"]["flat_copy_gbps"]})
+            steps.update()
+        sync(device)
+    steps.close()
+    report(res)
+    save_json(res, args.json)
+    return res
+
+
+def report(r: dict) -> None:
+    b, m = r["broadcast"], r["many_small"]
+    print(f"\ntransports on {r['hardware']} ({r['device']}), {r['date']}")
+    print(f"  broadcast update, {b['preset']} ({b['bytes'] / 1e6:.1f} MB in {b['buckets']} buckets)  "
+          f"{b['gbps']:7.2f} GB/s = {b['of_raw']:.0%} of a raw broadcast of the same buckets ({b['raw_gbps']:.2f} GB/s); "
+          f"inside the engine's calls {b['engine_side_gbps']:.2f} GB/s")
+    print(f"  many small tensors ({m['tensors']}, {m['bytes'] / 1e6:.1f} MB): per-tensor calls {m['per_tensor_gbps']:.2f} GB/s, "
+          f"buckets {m['bucketed_gbps']:.2f} GB/s ({m['bucketed_over_per_tensor']:.1f}x); one flat copy {m['flat_copy_gbps']:.1f} GB/s")
+    for row in r["sweep"]:
+        print(f"    bucket {row['bucket_bytes'] >> 10:6d} KiB: {row['gbps']:6.2f} GB/s ({row['of_flat_copy']:.0%} of one flat copy)")
