@@ -14,16 +14,14 @@ Both return a list of failure messages (empty: passed); see ``__init__.py`` for 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import tempfile
 
 import torch
 
-import course_lib.engine.hot_update as hot_update
 from course_lib import Engine
-from course_lib.testing import assert_hot_equals_cold
+from course_lib.testing import assert_hot_equals_cold, plugged_commit
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
 
@@ -34,25 +32,6 @@ GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_va
 
 def _rng(seed) -> random.Random:
     return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-
-
-@contextlib.contextmanager
-def plugged_commit(load_into):
-    """Route the engine's commit step (validated tensors into the live model) through
-    ``load_into(model, named_tensors)``; everything around it (validation, requests,
-    post-processing, the address audit, versions) stays the engine's own."""
-    original = hot_update.commit
-
-    def commit(model, named_tensors, device):
-        load_into(model, [(name, t.to(device)) for name, t in named_tensors])
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-
-    hot_update.commit = commit
-    try:
-        yield
-    finally:
-        hot_update.commit = original
 
 
 def _config(rng: random.Random, gpu: bool):

@@ -1,5 +1,5 @@
 """Support for find-the-rebind: a CPU stand-in for a captured decode graph, and the plug
-that makes a learner's ``load_into`` the engine's commit step.
+that makes a learner's ``load_into`` the engine's commit step (``course_lib.testing.plugged_commit``).
 
 ``capture_decode(engine)``: from then on the engine's decode steps read the storage each
 kernel-read tensor had at that moment (second handles to the same storage, swapped in
@@ -9,12 +9,10 @@ Prefill stays eager, as on a GPU.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.func import functional_call
 
-import course_lib.engine.hot_update as hot_update
+from course_lib.testing import plugged_commit  # noqa: F401 - the tests import it from here
 from course_lib.weights.audit import kernel_tensors
 
 
@@ -35,21 +33,3 @@ def capture_decode(engine):
 
     runner.forward_logits = forward_logits
     return engine
-
-
-@contextlib.contextmanager
-def plugged_commit(load_into):
-    """While active, the engine's update path commits validated tensors with
-    ``load_into(model, named_tensors)``; the audit and everything else stay the engine's."""
-    original = hot_update.commit
-
-    def commit(model, named_tensors, device):
-        load_into(model, [(name, t.to(device)) for name, t in named_tensors])
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-
-    hot_update.commit = commit
-    try:
-        yield
-    finally:
-        hot_update.commit = original
