@@ -4,7 +4,6 @@ arrive, ends hot == cold against the source's checkpoint, and refuses a source w
 model has a different structure."""
 import multiprocessing as mp
 import shutil
-import socket
 
 import pytest
 import torch
@@ -16,15 +15,10 @@ from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import remote, trainer
 from course_lib.weights.transports.remote import WaitingForWeightsError
 from course_lib.weights.update import UpdateError
+from course_lib.weights.transports.dist import free_port
 
 PROMPTS = ["seeded from a peer", "no disk read"]
 CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ the executor over a real gloo group, and a whole model moved from a trainer layo
 tensor-parallel engine, ending hot == cold on every rank."""
 import queue
 import random
-import socket
 import threading
 
 import pytest
@@ -18,14 +17,9 @@ from course_lib.testing import greedy_tokens, prompt_logits
 from course_lib.weights import reshard as R
 from course_lib.weights.checkpoint import CheckpointReader, hf_tensor_shapes, preset
 from course_lib.weights.transports.dist import new_group
+from course_lib.weights.transports.dist import free_port
 
 F32 = torch.float32
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def four_by_four_plan():

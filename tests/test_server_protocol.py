@@ -2,7 +2,6 @@
 bucketed IPC, disk and a gloo broadcast from a trainer process, each ending hot == cold."""
 import json
 import multiprocessing as mp
-import socket
 
 import pytest
 
@@ -17,6 +16,7 @@ from course_lib.weights import bucket, safe_pickle  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader  # noqa: E402
 from course_lib.weights.transports import trainer  # noqa: E402
 from course_lib.weights.transports.ipc import BucketSender  # noqa: E402
+from course_lib.weights.transports.dist import free_port  # noqa: E402
 
 PROMPTS = ["weights over HTTP", "the trainer pushes, the engine serves"]
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -137,12 +137,6 @@ def test_version_label_and_get_weights_by_name_read_the_served_weights(server, c
     want = dict(CheckpointReader(ckpts[1]).iter_tensors())[name][:2].tolist()
     assert new == want != old
     assert httpx.post(f"{url}/get_weights_by_name", json={"name": name, "truncate_size": 2}).json() == want
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_update_from_distributed_with_a_gloo_trainer(server, ckpts):

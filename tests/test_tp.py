@@ -161,13 +161,11 @@ def _broadcast_from_a_trainer(engine, path, each_bucket):
     """A trainer process (group rank 0) broadcasts ``path`` to both engine ranks (group
     ranks 1 and 2); ``each_bucket(request)`` is called per announced bucket."""
     import multiprocessing as mp
-    import socket
 
     from course_lib.weights.transports import trainer
+    from course_lib.weights.transports.dist import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     announcements = ctx.Queue()
     child = ctx.Process(target=trainer.push_broadcast, args=(path, port, announcements, 60_000),

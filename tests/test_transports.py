@@ -4,7 +4,6 @@ import base64
 import multiprocessing as mp
 import os
 import pickle
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.ipc import BucketSender
 from course_lib.weights.update import UpdateError
+from course_lib.weights.transports.dist import free_port
 
 PROMPTS = ["moving the bytes", "buckets of weights"]
 CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools
@@ -24,12 +24,6 @@ CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools
 @pytest.fixture(scope="module")
 def ckpts(make_ckpt):
     return make_ckpt("tiny", seed=31), make_ckpt("tiny", seed=32)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def snapshot(engine):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from course_lib.bench.update import median_time, sync
 from course_lib.weights import bucket
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
 from course_lib.weights.transports import dist as dist_transport
+from course_lib.weights.transports.dist import free_port
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.ipc import group_into_buckets
 
@@ -43,12 +43,6 @@ SWEEP = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 # The broadcast's model: fewer, larger tensors (~125 MB in float32), so the wire shows.
 BROADCAST_MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                        num_attention_heads=8, num_key_value_heads=4, head_dim=64)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raw_broadcast_sender(port: int, sizes: list[int], ready) -> None:

@@ -10,6 +10,7 @@ allocate a receive buffer of the right size.
 """
 from __future__ import annotations
 
+import socket
 import time
 from datetime import timedelta
 from typing import Callable, Iterable
@@ -20,6 +21,13 @@ import torch.distributed as dist
 from course_lib.weights import bucket
 
 DEFAULT_BUCKET_BYTES = 64 << 20
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback right now, for a group's rendezvous store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def new_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,

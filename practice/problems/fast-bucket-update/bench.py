@@ -23,6 +23,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.bench import run_header
+from course_lib.bench.update import sync
 from course_lib.weights import bucket
 from course_lib.weights.checkpoint import preset, random_state_dict
 from course_lib.weights.transports.ipc import group_into_buckets
@@ -85,11 +86,6 @@ class FlatCopy:
         self.dst.copy_(self.src)
 
 
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def best_seconds(runs: dict[str, callable], device: str, rounds: int) -> dict[str, float]:
     """Best wall time of each callable over ``rounds`` rounds, taking turns; one untimed warm-up."""
     for run in runs.values():
@@ -97,10 +93,10 @@ def best_seconds(runs: dict[str, callable], device: str, rounds: int) -> dict[st
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(rounds):
         for label, run in runs.items():
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             run()
-            _sync(device)
+            sync(device)
             best[label] = min(best[label], time.perf_counter() - start)
     return best
 
