@@ -87,3 +87,23 @@ def plugged_commit(load_into):
         yield
     finally:
         hot_update.commit = original
+
+
+def random_partition(rng, shape, n: int) -> list[tuple]:
+    """Up to ``n`` disjoint boxes (``((start, end), ...)`` per dimension) that together
+    cover a tensor of ``shape``, cut at random places along random dimensions: random
+    explicit layouts for the resharding planner's tests and graders."""
+    boxes = [tuple((0, s) for s in shape)]
+    while len(boxes) < n:
+        cuttable = [b for b in boxes if any(z - a > 1 for a, z in b)]
+        if not cuttable:
+            break
+        box = rng.choice(cuttable)
+        dim = rng.choice([d for d, (a, z) in enumerate(box) if z - a > 1])
+        a, z = box[dim]
+        cut = rng.randrange(a + 1, z)
+        boxes.remove(box)
+        boxes += [tuple((a, cut) if d == dim else r for d, r in enumerate(box)),
+                  tuple((cut, z) if d == dim else r for d, r in enumerate(box))]
+    rng.shuffle(boxes)
+    return boxes

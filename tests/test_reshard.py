@@ -13,7 +13,7 @@ from course_lib.engine.engine import load_model
 from course_lib.engine.hot_update import EngineBusyError
 from course_lib.engine.tp import TPEngine
 from course_lib.layers.quant import process_weights_after_loading
-from course_lib.testing import greedy_tokens, prompt_logits
+from course_lib.testing import greedy_tokens, prompt_logits, random_partition
 from course_lib.weights import reshard as R
 from course_lib.weights.checkpoint import CheckpointReader, hf_tensor_shapes, preset
 from course_lib.weights.transports.dist import new_group
@@ -89,22 +89,6 @@ def test_four_by_four_over_a_gloo_group_of_four():
 
 
 # ---- coverage on random shapes and layouts ----------------------------------------------------
-
-def random_partition(rng: random.Random, shape, n: int):
-    """n disjoint boxes covering the tensor, by cutting a random box along a random dimension."""
-    boxes = [tuple((0, s) for s in shape)]
-    while len(boxes) < n:
-        cuttable = [b for b in boxes if any(z - a > 1 for a, z in b)]
-        box = rng.choice(cuttable)
-        dim = rng.choice([d for d, (a, z) in enumerate(box) if z - a > 1])
-        a, z = box[dim]
-        cut = rng.randrange(a + 1, z)
-        boxes.remove(box)
-        boxes += [tuple((a, cut) if d == dim else r for d, r in enumerate(box)),
-                  tuple((cut, z) if d == dim else r for d, r in enumerate(box))]
-    rng.shuffle(boxes)
-    return boxes
-
 
 def random_layout(rng: random.Random, shape, world: int, allow_replicas: bool):
     kinds = ["split", "explicit"] + (["replicated", "replicas"] if allow_replicas else [])

@@ -16,29 +16,12 @@ import random
 
 import torch
 
+from course_lib.testing import random_partition
 from course_lib.weights import reshard as R
 
 
 def _rng(seed) -> random.Random:
     return random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-
-
-def _partition(rng: random.Random, shape, n: int) -> list:
-    """n disjoint boxes covering the tensor, cut at random places along random dimensions."""
-    boxes = [tuple((0, s) for s in shape)]
-    while len(boxes) < n:
-        cuttable = [b for b in boxes if any(z - a > 1 for a, z in b)]
-        if not cuttable:
-            break
-        box = rng.choice(cuttable)
-        dim = rng.choice([d for d, (a, z) in enumerate(box) if z - a > 1])
-        a, z = box[dim]
-        cut = rng.randrange(a + 1, z)
-        boxes.remove(box)
-        boxes += [tuple((a, cut) if d == dim else r for d, r in enumerate(box)),
-                  tuple((cut, z) if d == dim else r for d, r in enumerate(box))]
-    rng.shuffle(boxes)
-    return boxes
 
 
 def _layout(rng: random.Random, shape, world: int, engine: bool) -> list:
@@ -50,9 +33,9 @@ def _layout(rng: random.Random, shape, world: int, engine: bool) -> list:
     if kind == "replicated":
         return [tuple((0, s) for s in shape)] * world
     if kind == "replicas" and world >= 2:
-        half = _partition(rng, shape, max(1, world // 2))
+        half = random_partition(rng, shape, max(1, world // 2))
         return [half[i % len(half)] for i in range(world)]
-    return _partition(rng, shape, world)
+    return random_partition(rng, shape, world)
 
 
 def _norm(pieces) -> list:
