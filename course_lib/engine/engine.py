@@ -295,13 +295,8 @@ class Engine(HotUpdateMixin):
         module = self.model.get_submodule(param_name.rsplit(".", 1)[0])
         method = getattr(module, "quant_method", None)
         full = method.dequantized_weight(module) if hasattr(method, "dequantized_weight") else module.weight
-        if shard_id is not None:
-            if hasattr(module, "offsets"):          # q / k / v rows of qkv_proj
-                offset, size = module.offsets[shard_id]
-            else:                                   # gate / up rows of gate_up_proj
-                size = module.output_sizes[shard_id] // module.tp_size
-                offset = sum(module.output_sizes[:shard_id]) // module.tp_size
-            full = full.narrow(0, offset, size)
+        if shard_id is not None:                   # its rows of a fused q/k/v or gate/up weight
+            full = full.narrow(0, *module.shard_rows(shard_id))
         return full[:truncate_size].detach().clone()
 
     @property

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.layers.linear import _divide, check_shape
+from course_lib.layers.linear import divide, check_shape
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -16,7 +16,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.vocab_size = vocab_size
-        self.rows = _divide(vocab_size, tp_size, "vocab_size")
+        self.rows = divide(vocab_size, tp_size, "vocab_size")
         self.start = tp_rank * self.rows
         self.weight = nn.Parameter(torch.empty(self.rows, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader

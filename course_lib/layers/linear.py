@@ -37,7 +37,8 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=No
     param.data.copy_(loaded)
 
 
-def _divide(n: int, tp_size: int, what: str) -> int:
+def divide(n: int, tp_size: int, what: str) -> int:
+    """``n / tp_size``, refused (ValueError naming ``what``) when it does not divide."""
     if n % tp_size:
         raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")
     return n // tp_size
@@ -59,6 +60,12 @@ class LinearBase(nn.Module):
         self.quant_method = quant_method or UnquantizedLinearMethod()
         self.quant_method.create_weights(self, in_features, out_features, torch.get_default_dtype())
 
+    def shard_rows(self, shard_id=None) -> tuple[int, int]:
+        """Where checkpoint shard ``shard_id`` lands in this rank's weight: (first row,
+        number of rows). The one answer every loader, the copy plan, the resharder and
+        ``get_weights_by_name`` ask for; a plain layer's single shard is all its rows."""
+        return 0, self.out_features
+
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         size = loaded.shape[dim] // self.tp_size
         return loaded.narrow(dim, self.tp_rank * size, size)
@@ -74,7 +81,7 @@ class ReplicatedLinear(LinearBase):
 
 class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, quant_method=None):
-        super().__init__(in_features, _divide(out_features, tp_size, "output size"), tp_rank, tp_size, 0,
+        super().__init__(in_features, divide(out_features, tp_size, "output size"), tp_rank, tp_size, 0,
                          quant_method)
         self.full_out = out_features
 
@@ -85,7 +92,7 @@ class ColumnParallelLinear(LinearBase):
 
 class RowParallelLinear(LinearBase):
     def __init__(self, in_features, out_features, tp_rank=0, tp_size=1, quant_method=None):
-        super().__init__(_divide(in_features, tp_size, "input size"), out_features, tp_rank, tp_size, 1,
+        super().__init__(divide(in_features, tp_size, "input size"), out_features, tp_rank, tp_size, 1,
                          quant_method)
         self.full_in = in_features
 
@@ -107,13 +114,15 @@ class MergedColumnParallelLinear(LinearBase):
         self.output_sizes = list(output_sizes)
         self.shard_ids = tuple(range(len(output_sizes)))
         for n in output_sizes:
-            _divide(n, tp_size, "output size")
+            divide(n, tp_size, "output size")
         super().__init__(in_features, sum(output_sizes) // tp_size, tp_rank, tp_size, 0, quant_method)
+
+    def shard_rows(self, shard_id: int) -> tuple[int, int]:
+        return sum(self.output_sizes[:shard_id]) // self.tp_size, self.output_sizes[shard_id] // self.tp_size
 
     def weight_loader(self, param, loaded, shard_id: int):
         check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.output_sizes[shard_id], self.in_features))
-        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        size = self.output_sizes[shard_id] // self.tp_size
+        offset, size = self.shard_rows(shard_id)
         param.data.narrow(0, offset, size).copy_(self._shard(loaded, 0))
 
 
@@ -125,14 +134,17 @@ class QKVParallelLinear(LinearBase):
     def __init__(self, hidden_size, head_dim, num_heads, num_kv_heads, tp_rank=0, tp_size=1,
                  quant_method=None):
         self.head_dim = head_dim
-        self.num_heads = _divide(num_heads, tp_size, "num_attention_heads")
-        self.num_kv_heads = _divide(num_kv_heads, tp_size, "num_key_value_heads")
+        self.num_heads = divide(num_heads, tp_size, "num_attention_heads")
+        self.num_kv_heads = divide(num_kv_heads, tp_size, "num_key_value_heads")
         self.full_sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
         q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
         self.offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
         super().__init__(hidden_size, q + 2 * kv, tp_rank, tp_size, 0, quant_method)
 
+    def shard_rows(self, shard_id: str) -> tuple[int, int]:
+        return self.offsets[shard_id]
+
     def weight_loader(self, param, loaded, shard_id: str):
         check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.full_sizes[shard_id], self.in_features))
-        offset, size = self.offsets[shard_id]
+        offset, size = self.shard_rows(shard_id)
         param.data.narrow(0, offset, size).copy_(self._shard(loaded, 0))

@@ -36,12 +36,7 @@ def checkpoint_view(model: nn.Module, name: str) -> torch.Tensor | None:
     data = getattr(module, attr).data  # the storage kernels (and captured graphs) read
     if shard_id is None:
         return data
-    if hasattr(module, "offsets"):      # QKVParallelLinear: shard "q", "k" or "v"
-        start, size = module.offsets[shard_id]
-    else:                               # MergedColumnParallelLinear: shard 0 (gate) or 1 (up)
-        start = sum(module.output_sizes[:shard_id]) // module.tp_size
-        size = module.output_sizes[shard_id] // module.tp_size
-    return data.narrow(0, start, size)  # rows of a row-major weight: a contiguous view
+    return data.narrow(0, *module.shard_rows(shard_id))  # rows of a row-major weight: a contiguous view
 
 
 class CopyPlan:

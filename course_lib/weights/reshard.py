@@ -193,12 +193,7 @@ def placement(model, name: str) -> tuple[str, int, int] | None:
     rows = model._params()[param_name].shape[0]
     if shard_id is None:
         return param_name, 0, rows
-    if hasattr(module, "offsets"):  # q / k / v rows of qkv_proj
-        offset, size = module.offsets[shard_id]
-    else:                           # gate / up rows of gate_up_proj
-        size = module.output_sizes[shard_id] // module.tp_size
-        offset = sum(module.output_sizes[:shard_id]) // module.tp_size
-    return param_name, offset, size
+    return (param_name, *module.shard_rows(shard_id))
 
 
 def engine_layout(model, name: str, shape) -> Layout:
