@@ -111,7 +111,7 @@ def _generate_across_update(v1, v2, mode: str, device: str, echo) -> dict:
     engine.continue_generation()
     late, n = LATE_REQUEST
     prompts[engine.add_request(late, dict(GREEDY, max_new_tokens=n))] = late
-    echo(f"   continue_generation(); one more request arrives; every request runs to its end")
+    echo("   continue_generation(); one more request arrives; every request runs to its end")
     while engine.has_unfinished_requests():
         done.update((o["rid"], o) for o in engine.step())
     outputs = [dict(done[rid], prompt=prompt) for rid, prompt in prompts.items()]
@@ -162,11 +162,12 @@ def check_hot_equals_cold(engine, checkpoint, echo) -> str | None:
         echo(f"6. hot != cold: {exc}")
         return str(exc)
     echo(f"6. hot == cold: after the update, {len(prompts)} prompts give bitwise-equal logits and the")
-    echo(f"   same greedy tokens as an engine cold-started on v2 (course_lib.testing.assert_hot_equals_cold)")
+    echo("   same greedy tokens as an engine cold-started on v2 (course_lib.testing.assert_hot_equals_cold)")
     return None
 
 
 def next_steps(mode: str) -> list[str]:
+    """The closing lines: the other modes, then where to go from here."""
     others = ", ".join(m for m in MODES if m != mode)
     return [f"other pause modes: --mode {others} (same update, different costs)",
             "next: jupyter lab notebooks/  (the course: build this engine part by part)",
