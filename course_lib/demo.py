@@ -10,6 +10,7 @@ Only the engine's public API is used, so the demo reads as a user's script would
 """
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 
@@ -183,7 +184,7 @@ def main(mode: str = "retract", device: str | None = None, seed: int = 0, preset
         device = "cuda" if torch.cuda.is_available() else "cpu"
     problem = check_options(mode, device, preset)
     if problem:
-        print(f"error: {problem}")
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     print(f"course_lib demo: a weight update lands mid-generation "
           f"(mode {mode}, {device}, preset {preset}, seed {seed})")
@@ -192,6 +193,7 @@ def main(mode: str = "retract", device: str | None = None, seed: int = 0, preset
     for line in next_steps(mode):
         print(line)
     if result["hot_equals_cold"] is not None:
-        print(f"FAILED: the hot-updated engine differs from a cold start on v2: {result['hot_equals_cold']}")
+        print(f"FAILED: the hot-updated engine differs from a cold start on v2: {result['hot_equals_cold']}",
+              file=sys.stderr)
         return 1
     return 0
