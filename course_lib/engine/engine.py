@@ -30,9 +30,10 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
     """A hot-updatable inference engine for Qwen3-style checkpoints.
 
     The keyword options are ``EngineConfig``'s fields (see config.py); ``config=`` gives
-    them all at once instead, e.g. ``Engine(path, config=other.config)`` for an engine
-    built exactly like ``other``. The update side is mixed in: pausing (pause.py), the
-    transaction (transaction.py) and the ``update_weights_*`` entry points (updates.py).
+    them all at once instead (the keyword options are then not read), e.g.
+    ``Engine(path, config=other.config)`` for an engine built exactly like ``other``.
+    The update side is mixed in: pausing (pause.py), the transaction (transaction.py)
+    and the ``update_weights_*`` entry points (updates.py).
     """
 
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
