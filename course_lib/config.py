@@ -7,7 +7,7 @@ so a checkpoint the model cannot build is refused with a message naming the fiel
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -140,25 +140,81 @@ class ModelConfig:
                 for name in self.structural_fields if getattr(self, name) != getattr(other, name)}
 
 
+def is_cuda(device) -> bool:
+    """True when ``device`` (a string such as "cuda:1", or a torch.device) is a GPU."""
+    return torch.device(device).type == "cuda"
+
+
+def resolve_dtype(dtype, device, checkpoint_dtype: torch.dtype) -> torch.dtype:
+    """None: float32 on CPU (exact, and what the CPU tests compare); on GPU the checkpoint's
+    half-precision dtype, or bfloat16 for a float32 checkpoint (as vLLM's 'auto')."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if dtype is None:
+        if not is_cuda(device):
+            return torch.float32
+        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ConfigError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
 @dataclass
 class EngineConfig:
-    """Knobs of the serving engine (not of the model)."""
+    """Every option of the serving engine (not of the model), as ``Engine(...)`` takes them.
+
+    ``None`` leaves an option to ``resolved(model_config)``, which decides it for the model
+    (dtype, CUDA graphs, context length, batch budget, KV pool size). An engine's
+    ``config`` is resolved: it says exactly how the engine was built, and
+    ``Engine(path, config=engine.config)`` builds another one like it (the hot == cold
+    oracle does). ``ModelRunner`` and ``Scheduler`` take a resolved config."""
     device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | str | None = None  # None: see resolve_dtype
     block_size: int = 16
     num_kv_blocks: int | None = None        # None: enough for max_num_seqs full-length sequences
     max_num_seqs: int = 16
-    max_num_batched_tokens: int = 4096
-    max_model_len: int = 1024
+    max_num_batched_tokens: int | None = None  # None: max(4096, max_model_len)
+    max_model_len: int | None = None        # None: 1024; never more than the model's positions
     enable_prefix_caching: bool = True
-    enable_cuda_graph: bool = False
-    cuda_graph_batch_sizes: list[int] = field(default_factory=list)
+    enable_cuda_graph: bool | None = None   # None: on for CUDA devices
+    cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # empty: 1, 2, 4, ... max_num_seqs
+    seed: int = 0                           # the n-th unseeded request samples from seed + n
+    quantization: str | None = None         # None, "int8" or "fp8" (layers/quant.py); fixed at start-up
+    tp_rank: int = 0                        # this process's rank of a TPEngine (engine/tp.py)
+    tp_size: int = 1
+    load_format: str = "auto"               # "dummy": random weights until the real ones arrive
 
     def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_model_len:
+        self.cuda_graph_batch_sizes = list(self.cuda_graph_batch_sizes or [])
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        if (self.max_num_batched_tokens is not None and self.max_model_len is not None
+                and self.max_num_batched_tokens < self.max_model_len):
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_model_len ({self.max_model_len}) so any prompt can be prefilled")
+
+    @property
+    def is_cuda(self) -> bool:
+        return is_cuda(self.device)
+
+    def resolved(self, model_config: ModelConfig) -> "EngineConfig":
+        """A copy with every ``None`` option decided for ``model_config`` (see the fields).
+        Resolving a resolved config changes nothing."""
+        if self.is_cuda and not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' but torch sees no GPU")
+        graphs = self.is_cuda if self.enable_cuda_graph is None else self.enable_cuda_graph
+        if graphs and not self.is_cuda:
+            raise ConfigError("enable_cuda_graph=True needs device='cuda'")
+        max_model_len = min(self.max_model_len or 1024, model_config.max_position_embeddings)
+        return replace(self, dtype=resolve_dtype(self.dtype, self.device, model_config.dtype),
+                       enable_cuda_graph=graphs, max_model_len=max_model_len,
+                       max_num_batched_tokens=self.max_num_batched_tokens or max(4096, max_model_len),
+                       num_kv_blocks=self.num_kv_blocks or self.max_num_seqs * -(-max_model_len // self.block_size))

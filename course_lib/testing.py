@@ -6,6 +6,7 @@ path (paged KV and all), so it can be compared with transformers or with another
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import torch
 
@@ -40,9 +41,13 @@ def greedy_tokens(engine, prompts: list[str], max_new_tokens: int = 8) -> list[l
 
 
 def cold_engine_like(engine, checkpoint_path):
-    """A new engine on ``checkpoint_path`` built with ``engine``'s own options."""
+    """A new engine cold-started on ``checkpoint_path`` with ``engine``'s own config
+    (read from disk even when ``engine`` started with ``load_format="dummy"``)."""
     from course_lib import Engine
-    return Engine(checkpoint_path, **engine.init_options)
+    if engine.config.tp_size > 1:
+        raise ValueError("cold_engine_like builds one process's engine; for a tensor-parallel engine "
+                         "start a TPEngine on the checkpoint instead")
+    return Engine(checkpoint_path, config=replace(engine.config, load_format="auto"))
 
 
 def assert_hot_equals_cold(engine, checkpoint_path, prompts: list[str], max_new_tokens: int = 8,
@@ -70,23 +75,22 @@ def assert_addresses_unchanged(engine) -> None:
 @contextlib.contextmanager
 def plugged_commit(load_into):
     """While active, the engine's full-staging and in-memory updates commit validated
-    tensors with ``load_into(model, named_tensors)`` instead of the engine's own copy;
-    everything around it (validation, requests, post-processing, the address audit,
-    versions) stays the engine's. The hook exercises and graders plug learners' code into."""
-    from course_lib.engine import hot_update
+    tensors with ``load_into(model, named_tensors)`` instead of the engine's own
+    ``copy_in_place``; everything around it (validation, requests, post-processing, the
+    address audit, versions) stays the engine's. The hook exercises and graders plug
+    learners' code into."""
+    from course_lib.engine import update_sources
 
-    original = hot_update.commit
+    original = update_sources.copy_in_place
 
-    def commit(model, named_tensors, device):
+    def copy_in_place(model, named_tensors, device):
         load_into(model, [(name, t.to(device)) for name, t in named_tensors])
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
 
-    hot_update.commit = commit
+    update_sources.copy_in_place = copy_in_place
     try:
         yield
     finally:
-        hot_update.commit = original
+        update_sources.copy_in_place = original
 
 
 def random_partition(rng, shape, n: int) -> list[tuple]:

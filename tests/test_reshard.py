@@ -10,7 +10,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.engine.engine import load_model
-from course_lib.engine.hot_update import EngineBusyError
+from course_lib.engine.pause import EngineBusyError
 from course_lib.engine.tp import TPEngine
 from course_lib.layers.quant import process_weights_after_loading
 from course_lib.testing import greedy_tokens, prompt_logits, random_partition

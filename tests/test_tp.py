@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.engine.engine import load_model
-from course_lib.engine.hot_update import EngineBusyError
+from course_lib.models.loader import load_model
+from course_lib.engine.pause import EngineBusyError
 from course_lib.engine.tp import TPEngine
 from course_lib.testing import greedy_tokens, prompt_logits
 from course_lib.weights.checkpoint import CheckpointReader

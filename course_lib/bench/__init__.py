@@ -9,10 +9,12 @@ from datetime import date
 
 import torch
 
+from course_lib.config import is_cuda
+
 
 def run_header(benchmark: str, device: str, **fields) -> dict:
     """What every recorded result states: which benchmark, on what hardware, when."""
-    gpu = torch.device(device).type == "cuda"
+    gpu = is_cuda(device)
     return {"benchmark": benchmark, "device": device, "date": date.today().isoformat(),
             "hardware": torch.cuda.get_device_name() if gpu else cpu_name(),
             "torch": torch.__version__, **fields}

@@ -17,11 +17,12 @@ from tqdm import tqdm
 
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
+from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import make_random
 
 
 def sync(device):
-    if torch.device(device).type == "cuda":
+    if is_cuda(device):
         torch.cuda.synchronize()
 
 
@@ -59,10 +60,10 @@ def main(argv=None) -> dict:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
-    modes = [("eager", False)] + ([("graph", True)] if torch.device(args.device).type == "cuda" else [])
+    modes = [("eager", False)] + ([("graph", True)] if is_cuda(args.device) else [])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        gen_device = args.device if torch.device(args.device).type == "cuda" else "cpu"
+        gen_device = args.device if is_cuda(args.device) else "cpu"
         path = make_random(f"{tmp}/ckpt", args.preset, seed=0, device=gen_device)
         for name, graphs in tqdm(modes, desc="engines"):
             engine = Engine(path, device=args.device, enable_cuda_graph=graphs,
@@ -71,7 +72,7 @@ def main(argv=None) -> dict:
                 rows.append({"mode": name, "batch": b, "ms_per_step": 1e3 * time_decode(engine, b, args.steps),
                              "startup_s": engine.timings["startup_s"]})
             del engine
-            if torch.device(args.device).type == "cuda":
+            if is_cuda(args.device):
                 torch.cuda.empty_cache()
     print(f"\ndecode step, preset {args.preset}, device {args.device}")
     print(f"{'batch':>5} " + " ".join(f"{m:>12}" for m, _ in modes) + ("   eager/graph" if len(modes) > 1 else ""))

@@ -27,6 +27,7 @@ from datetime import date
 import torch
 
 from course_lib import Engine
+from course_lib.config import is_cuda
 from course_lib.layers.quant import kernel_tensors
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.checkpoint import make_random, preset
@@ -38,7 +39,7 @@ SHAPE = dict(vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidd
 
 
 def sync(device) -> None:
-    if torch.device(device).type == "cuda":
+    if is_cuda(device):
         torch.cuda.synchronize()
 
 
@@ -113,7 +114,7 @@ def time_step(engine: Engine, eager: bool, steps: int) -> float:
 
 def measure(device: str = "cuda", steps: int = 50, **shape) -> dict:
     """The whole experiment; with device="cpu" it runs eagerly (for testing the code path)."""
-    gpu = torch.device(device).type == "cuda"
+    gpu = is_cuda(device)
     config = preset("small", **{**SHAPE, **shape})
     opts = dict(device=device, enable_cuda_graph=gpu, max_num_seqs=4, max_model_len=256)
     with tempfile.TemporaryDirectory() as tmp:

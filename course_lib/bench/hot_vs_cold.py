@@ -26,6 +26,7 @@ import torch
 import course_lib
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
+from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import make_random
 from course_lib.weights.transports import trainer
 
@@ -86,7 +87,7 @@ def main(argv=None) -> dict:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    gpu = torch.device(args.device).type == "cuda"
+    gpu = is_cuda(args.device)
     res = run_header("hot-vs-cold", args.device, preset=args.preset)
     with tempfile.TemporaryDirectory() as tmp:
         a = make_random(f"{tmp}/a", args.preset, seed=1, device=args.device if gpu else "cpu")

@@ -31,13 +31,14 @@ from tqdm import tqdm
 
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
+from course_lib.config import is_cuda
 from course_lib.layers.quant import kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.transports import trainer
 
 
 def sync(device):
-    if torch.device(device).type == "cuda":
+    if is_cuda(device):
         torch.cuda.synchronize()
 
 
@@ -58,7 +59,7 @@ def copy_baselines(nbytes: int, device: str) -> dict:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     out = {"copy_gbps": nbytes / median_time(lambda: dst.copy_(src), device) / 1e9}
-    if torch.device(device).type == "cuda":
+    if is_cuda(device):
         for name, pinned in (("h2d_pinned_gbps", True), ("h2d_pageable_gbps", False)):
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
             out[name] = nbytes / median_time(lambda: dst.copy_(host, non_blocking=pinned), device, repeat=3) / 1e9
@@ -149,7 +150,7 @@ def main(argv=None) -> dict:
                    help="which measurements to run (the copy baselines always run)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    device, gpu = args.device, torch.device(args.device).type == "cuda"
+    device, gpu = args.device, is_cuda(args.device)
     res = run_header("update", device, preset=args.preset, bucket_mb=args.bucket_mb)
     steps = tqdm(total=6, desc="update benchmark")
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,156 +6,75 @@ The public surface follows SGLang's offline Engine (``generate`` returns ``text`
 """
 from __future__ import annotations
 
-import collections
-import contextlib
 import time
 
 import torch
 
-from course_lib.config import ConfigError, EngineConfig, ModelConfig
+from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.block_manager import BlockManager
 from course_lib.engine.model_runner import ModelRunner
+from course_lib.engine.pause import EngineBusyError, EnginePausedError, Pausing  # noqa: F401 (importable here)
 from course_lib.engine.scheduler import Scheduler
 from course_lib.engine.sequence import SamplingParams, Sequence
-from course_lib.layers.quant import process_weights_after_loading
-from course_lib.models.qwen3 import Qwen3ForCausalLM
+from course_lib.engine.transaction import UpdateTransaction
+from course_lib.engine.updates import WeightUpdates
+from course_lib.models.loader import dummy_model, load_model
 from course_lib.tokenizer import ByteTokenizer
-from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes, random_tensor
-from course_lib.weights.transports.remote import WaitingForWeightsError
-from course_lib.engine.hot_update import EngineBusyError, EnginePausedError, HotUpdateMixin  # noqa: F401
 from course_lib.weights.audit import AddressAudit
+from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.copy_plan import CopyPlan
+from course_lib.weights.transports.remote import WaitingForWeightsError
 
 
+class Engine(Pausing, UpdateTransaction, WeightUpdates):
+    """A hot-updatable inference engine for Qwen3-style checkpoints.
 
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
-def resolve_dtype(dtype, device: str, checkpoint_dtype: torch.dtype) -> torch.dtype:
-    """None: float32 on CPU (exact, and what the CPU tests compare); on GPU the checkpoint's
-    half-precision dtype, or bfloat16 for a float32 checkpoint (as vLLM's 'auto')."""
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-    if dtype is None:
-        if torch.device(device).type == "cpu":
-            return torch.float32
-        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ConfigError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    return dtype
-
-
-def load_model(reader: CheckpointReader, device: str, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
-               quantization: str | None = None):
-    """Build the model on ``device``, load every checkpoint tensor through its loaders, and
-    turn the loaded weights into kernel format (``quantization``: None, "int8" or "fp8")."""
-    config = reader.config
-    with default_dtype(dtype), torch.device(device):
-        model = Qwen3ForCausalLM(config, tp_rank, tp_size, quantization)
-    expected = set(hf_tensor_shapes(config))
-    present = set(reader.metadata())
-    missing = sorted(expected - present)
-    if missing:
-        raise CheckpointError(f"{reader.path}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    try:
-        model.load_weights(reader.iter_tensors(device=device))
-    except (KeyError, ValueError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"{reader.path}: {exc.args[0] if exc.args else exc}") from exc
-    process_weights_after_loading(model)
-    return model.eval()
-
-
-def dummy_model(config: ModelConfig, device: str, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
-                quantization: str | None = None, seed: int = 0):
-    """``load_format="dummy"``: the model ``config`` describes, with seeded random weights
-    (nothing read from disk), loaded one tensor at a time through the usual loaders."""
-    with default_dtype(dtype), torch.device(device):
-        model = Qwen3ForCausalLM(config, tp_rank, tp_size, quantization)
-    model.load_weights((name, random_tensor(name, shape, seed, dtype, device))
-                       for name, shape in hf_tensor_shapes(config).items())
-    process_weights_after_loading(model)
-    return model.eval()
-
-
-class Engine(HotUpdateMixin):
-    """A hot-updatable inference engine for Qwen3-style checkpoints."""
+    The keyword options are ``EngineConfig``'s fields (see config.py); ``config=`` gives
+    them all at once instead (the keyword options are then not read), e.g.
+    ``Engine(path, config=other.config)`` for an engine built exactly like ``other``.
+    The update side is mixed in: pausing (pause.py), the transaction (transaction.py)
+    and the ``update_weights_*`` entry points (updates.py).
+    """
 
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
                  max_num_seqs: int = 16, max_model_len: int | None = None, block_size: int = 16,
                  num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
-                 quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1, load_format: str = "auto"):
+                 quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1, load_format: str = "auto",
+                 config: EngineConfig | None = None):
         t0 = time.perf_counter()
-        # What a cold restart would be built with (the hot == cold oracle rebuilds from it).
-        self.init_options = dict(device=device, dtype=dtype, enable_cuda_graph=enable_cuda_graph,
-                                 max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
-                                 num_kv_blocks=num_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
-                                 enable_prefix_caching=enable_prefix_caching, seed=seed,
-                                 cuda_graph_batch_sizes=cuda_graph_batch_sizes, quantization=quantization,
-                                 tp_rank=tp_rank, tp_size=tp_size)
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("device='cuda' but torch sees no GPU")
+        config = config or EngineConfig(
+            device=device, dtype=dtype, block_size=block_size, num_kv_blocks=num_kv_blocks,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching, enable_cuda_graph=enable_cuda_graph,
+            cuda_graph_batch_sizes=cuda_graph_batch_sizes, seed=seed, quantization=quantization,
+            tp_rank=tp_rank, tp_size=tp_size, load_format=load_format)
         self.model_path = str(model_path)
         # load_format="dummy": only config.json is read; the weights are random and the
         # engine refuses requests until real ones arrive (receive_weights_from_remote).
-        if load_format not in ("auto", "dummy"):
-            raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
-        reader = CheckpointReader(model_path) if load_format == "auto" else None
+        reader = CheckpointReader(model_path) if config.load_format == "auto" else None
         self.model_config = reader.config if reader else ModelConfig.from_pretrained(model_path)
         self.waiting_for_weights = reader is None
-        if enable_cuda_graph is None:
-            enable_cuda_graph = torch.device(device).type == "cuda"
-        if enable_cuda_graph and torch.device(device).type != "cuda":
-            raise ConfigError("enable_cuda_graph=True needs device='cuda'")
-        max_model_len = min(max_model_len or 1024, self.model_config.max_position_embeddings)
-        self.config = EngineConfig(
-            device=device, dtype=resolve_dtype(dtype, device, self.model_config.dtype), block_size=block_size,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens or max(4096, max_model_len),
-            enable_prefix_caching=enable_prefix_caching, enable_cuda_graph=enable_cuda_graph,
-            cuda_graph_batch_sizes=list(cuda_graph_batch_sizes or []))
+        self.config = config = config.resolved(self.model_config)
         self.timings: dict[str, float] = {}
         t1 = time.perf_counter()
-        self.quantization = quantization  # fixed at start-up: changing it needs a restart
         # tp_size > 1: this process is one rank of a TPEngine (engine/tp.py), which set up
         # the process group the sharded layers all-reduce over.
-        if reader is None:
-            self.model = dummy_model(self.model_config, device, self.config.dtype, tp_rank, tp_size, quantization, seed)
-        else:
-            self.model = load_model(reader, device, self.config.dtype, tp_rank, tp_size, quantization=quantization)
-        # Where each checkpoint tensor lands, worked out now so the first update does not pay for it.
-        CopyPlan.for_model(self.model)
+        shard = (config.device, config.dtype, config.tp_rank, config.tp_size, config.quantization)
+        self.model = load_model(reader, *shard) if reader else dummy_model(self.model_config, *shard, config.seed)
+        CopyPlan.for_model(self.model)  # where each checkpoint tensor lands, worked out before the first update
         self.timings["load_weights_s"] = time.perf_counter() - t1
-        if num_kv_blocks is None:  # room for every slot's sequence at full length
-            num_kv_blocks = max_num_seqs * -(-max_model_len // block_size)
         t1 = time.perf_counter()
-        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.model_runner = ModelRunner(self.model, self.model_config, self.config, num_kv_blocks)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.model_runner = ModelRunner(self.model, self.model_config, config)
         self.timings["kv_and_graphs_s"] = time.perf_counter() - t1
         # Recorded after graph capture: from here on no kernel-read tensor may move.
         self.address_audit = AddressAudit.record(self.model, self._audited_extras())
-        self.unhealthy: str | None = None  # why the engine must not serve, if it must not
-        self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_id)
+        self.scheduler = Scheduler(config, self.block_manager, self.model_config.eos_token_id)
         self.tokenizer = ByteTokenizer.from_config(self.model_config)
-        self.seed = seed
-        self.weight_version = "default"
-        self.weight_update_count = 0
-        self.paused = False
-        self.pause_mode: str | None = None
-        self.pause_stats: list[dict] = []   # one record per pause: what it cost (see pause_generation)
-        self.update_history: list[dict] = []
-        self._weight_groups: dict = {}      # torch.distributed groups a trainer broadcasts on
-        self.snapshot: dict | None = None   # host copy of the weights for rollback (take_snapshot)
-        self._ipc_keepalive = collections.deque(maxlen=4)  # recently received CUDA IPC buffers
+        self._init_pause_state()
+        self._init_update_state()
+        self._init_transfer_state()
         self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
         self.step_log: list[dict] = []      # per step: which requests ran, prefill or decode, which version
@@ -163,6 +82,11 @@ class Engine(HotUpdateMixin):
         self.num_requests = 0
         self.num_steps = 0
         self.timings["startup_s"] = time.perf_counter() - t0
+
+    @property
+    def quantization(self) -> str | None:
+        """None, "int8" or "fp8": fixed at start-up (changing it needs a restart)."""
+        return self.config.quantization
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, prompt: str | None = None, sampling_params=None, input_ids=None,
@@ -195,7 +119,7 @@ class Engine(HotUpdateMixin):
         if rid is not None and rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
         # Unseeded sampling is still reproducible: the n-th request of an engine draws from seed + n.
-        seq = Sequence(ids, params, self.config.block_size, rid, default_seed=self.seed + self.num_requests,
+        seq = Sequence(ids, params, self.config.block_size, rid, default_seed=self.config.seed + self.num_requests,
                        return_logprob=bool(return_logprob))
         self.num_requests += 1
         self.requests[seq.rid] = seq

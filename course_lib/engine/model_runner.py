@@ -24,11 +24,15 @@ def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model, model_config: ModelConfig, config: EngineConfig, num_kv_blocks: int):
+    def __init__(self, model, model_config: ModelConfig, config: EngineConfig):
+        """``config`` is resolved (``EngineConfig.resolved``): it sizes the KV pool
+        (``num_kv_blocks``) and says whether to capture CUDA graphs."""
+        if config.num_kv_blocks is None:
+            raise ValueError("config.num_kv_blocks is None: pass config.resolved(model_config)")
         self.model, self.config = model, config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.num_kv_blocks = num_kv_blocks
+        self.num_kv_blocks = num_kv_blocks = config.num_kv_blocks
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
         # Padded batch slots write their K/V into one extra block that no sequence owns.
         self.scratch_block = num_kv_blocks
@@ -75,7 +79,7 @@ class ModelRunner:
     def decode_shape(self, batch: int) -> tuple[int, int]:
         """(rows, block-table width) a decode batch is padded to. On GPU eager decode pads
         exactly as the graphs do, so eager and graph runs use the same kernels (bitwise)."""
-        if self.device.type == "cuda":
+        if self.config.is_cuda:
             rows = next((b for b in self.graph_batch_sizes or default_graph_batch_sizes(self.config.max_num_seqs)
                          if b >= batch), batch)
             return rows, self.max_blocks_per_seq
@@ -119,7 +123,7 @@ class ModelRunner:
     # ---- CUDA graphs -------------------------------------------------------------------
     @torch.inference_mode()
     def capture_cudagraphs(self) -> None:
-        if self.device.type != "cuda":
+        if not self.config.is_cuda:
             raise RuntimeError("CUDA graphs need device='cuda'")
         sizes = sorted(set(self.config.cuda_graph_batch_sizes or default_graph_batch_sizes(self.config.max_num_seqs)))
         rows, width = max(sizes), self.max_blocks_per_seq

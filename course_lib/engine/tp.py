@@ -26,13 +26,15 @@ import os
 import queue
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from course_lib.config import EngineConfig, is_cuda
 from course_lib.engine.engine import Engine
+from course_lib.engine.transaction import WAIT_TIMEOUT_S, receive_even_if_refused
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.trainer import wait_for_exit
 from course_lib.weights.update import UpdateError
@@ -54,23 +56,16 @@ class SeqView:
         return cls(list(seq.token_ids), seq.num_tokens, seq.num_cached_tokens, list(seq.block_table))
 
 
-def receive_broadcast_update(engine, names, dtypes, shapes, group_name, refusal, **kwargs) -> dict:
-    """One rank's side of ``TPEngine.update_weights_from_distributed`` (module level, so
-    it can be sent to the workers): the plain engine's receive-and-load on this rank."""
-    return Engine.update_weights_from_distributed(engine, names, dtypes, shapes, group_name,
-                                                  refuse_with=refusal, **kwargs)
-
-
 class WorkerError(RuntimeError):
     """A worker rank failed; the message carries its traceback."""
 
 
 def _device_for(device: str, rank: int) -> str:
-    return f"cuda:{rank}" if torch.device(device).type == "cuda" else device
+    return f"cuda:{rank}" if is_cuda(device) else device
 
 
 def _init_group(rank: int, world_size: int, store, device: str, timeout_s: float) -> None:
-    cuda = torch.device(device).type == "cuda"
+    cuda = is_cuda(device)
     if cuda:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size,
@@ -100,16 +95,16 @@ def _summary(result):
     return result if isinstance(result, (type(None), bool, int, float, str)) else None
 
 
-def worker_main(rank: int, world_size: int, port: int, model_path: str, options: dict, commands, replies,
-                timeout_s: float) -> None:
-    """A worker rank: build its shard of the engine, then obey rank 0's commands."""
+def worker_main(rank: int, world_size: int, port: int, model_path: str, config: EngineConfig,
+                cpu_threads: int | None, commands, replies, timeout_s: float) -> None:
+    """A worker rank: build its shard of the engine (rank 0's config, its own rank and
+    device), then obey rank 0's commands."""
     try:
-        device = _device_for(options.get("device", "cpu"), rank)
-        if options.get("cpu_threads"):
-            torch.set_num_threads(options["cpu_threads"])
-        _init_group(rank, world_size, _worker_store(port, world_size, rank, timeout_s), device, timeout_s)
-        options = {k: v for k, v in options.items() if k != "cpu_threads"}
-        engine = Engine(model_path, **dict(options, device=device), tp_rank=rank, tp_size=world_size)
+        config = replace(config, device=_device_for(config.device, rank), tp_rank=rank)
+        if cpu_threads:
+            torch.set_num_threads(cpu_threads)
+        _init_group(rank, world_size, _worker_store(port, world_size, rank, timeout_s), config.device, timeout_s)
+        engine = Engine(model_path, config=config)
         replies.put((rank, "ok", None))
     except BaseException:
         replies.put((rank, "error", traceback.format_exc()))
@@ -130,9 +125,6 @@ def worker_main(rank: int, world_size: int, port: int, model_path: str, options:
             if kind == "call":           # an engine method, e.g. update_weights_from_disk
                 _, name, args, kwargs = cmd
                 replies.put((rank, "ok", _summary(getattr(engine, name)(*args, **kwargs))))
-            elif kind == "apply":        # a module-level function of the engine
-                _, fn, args, kwargs = cmd
-                replies.put((rank, "ok", _summary(fn(engine, *args, **kwargs))))
             elif kind == "parameters":
                 replies.put((rank, "ok", {k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()}))
         except BaseException as exc:
@@ -176,14 +168,17 @@ class TPEngine(Engine):
 
     def __init__(self, model_path, tensor_parallel_size: int = 2, device: str = "cpu",
                  timeout_s: float = 120.0, cpu_threads: int | None = None, **options):
+        """``options``: ``Engine``'s keyword options (every rank gets the same)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {tensor_parallel_size}")
-        if torch.device(device).type == "cuda" and torch.cuda.device_count() < tensor_parallel_size:
+        if is_cuda(device) and torch.cuda.device_count() < tensor_parallel_size:
             raise RuntimeError(f"tensor_parallel_size={tensor_parallel_size} needs as many GPUs; "
                                f"torch sees {torch.cuda.device_count()}")
         # Fail here, before any process starts, on what would fail on every rank: a bad
         # checkpoint dir, or heads / vocabulary that tensor_parallel_size does not divide.
-        check_divisible(CheckpointReader(model_path).config, tensor_parallel_size)
+        model_config = CheckpointReader(model_path).config
+        check_divisible(model_config, tensor_parallel_size)
+        config = EngineConfig(device=device, tp_size=tensor_parallel_size, **options).resolved(model_config)
         if dist.is_initialized():
             raise RuntimeError("this process already has a default process group (another TPEngine?); "
                                "close it first")
@@ -195,37 +190,35 @@ class TPEngine(Engine):
         # OpenMP threads spin while they wait for one another and every collective stalls
         # (measured on 2 busy cores: 0.4 s per decode step with 2 threads per rank, 10-40 ms with 1).
         self._saved_threads = torch.get_num_threads()
-        if torch.device(device).type == "cpu":
+        if not config.is_cuda:
             cpu_threads = cpu_threads or max(1, len(os.sched_getaffinity(0)) // tensor_parallel_size)
             torch.set_num_threads(cpu_threads)
-        options = dict(options, device=device, cpu_threads=cpu_threads)
-        # Rank 0 hosts the rendezvous store on a port the OS picks (no race for a "free" one).
-        store = dist.TCPStore("127.0.0.1", 0, tensor_parallel_size, is_master=True,
-                              timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-        port = store.port
         try:
-            for rank in range(1, tensor_parallel_size):
-                commands = CTX.Queue()
-                proc = CTX.Process(target=worker_main, args=(rank, tensor_parallel_size, port, str(model_path),
-                                                              options, commands, self._replies, timeout_s),
-                                   daemon=True)
-                proc.start()
-                self._commands.append(commands)
-                self._workers.append(proc)
-            self._wait_for_workers_to_join(store)
-            _init_group(0, tensor_parallel_size, store, _device_for(device, 0), timeout_s)
-            engine_options = {k: v for k, v in options.items() if k != "cpu_threads"}
-            super().__init__(model_path, **dict(engine_options, device=_device_for(device, 0)), tp_rank=0,
-                             tp_size=tensor_parallel_size)
+            self._start_workers(str(model_path), config, cpu_threads)
+            super().__init__(model_path, config=replace(config, device=_device_for(device, 0)))
             failed = [(r + 1, v) for r, (status, v) in enumerate(self._gather("start")) if status != "ok"]
             if failed:
                 raise WorkerError(f"rank {failed[0][0]} failed to start:\n{failed[0][1]}")
         except BaseException:
             self.close()
             raise
-        self.init_options = dict(self.init_options, tensor_parallel_size=tensor_parallel_size)
-        del self.init_options["tp_rank"], self.init_options["tp_size"]
         self.model_runner = _BroadcastRunner(self.model_runner, self._commands)
+
+    def _start_workers(self, model_path: str, config: EngineConfig, cpu_threads: int | None) -> None:
+        """Spawn ranks 1.. and join the default process group with them as rank 0."""
+        # Rank 0 hosts the rendezvous store on a port the OS picks (no race for a "free" one).
+        store = dist.TCPStore("127.0.0.1", 0, self.tp_size, is_master=True,
+                              timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        for rank in range(1, self.tp_size):
+            commands = CTX.Queue()
+            proc = CTX.Process(target=worker_main, args=(rank, self.tp_size, store.port, model_path, config,
+                                                          cpu_threads, commands, self._replies, self.timeout_s),
+                               daemon=True)
+            proc.start()
+            self._commands.append(commands)
+            self._workers.append(proc)
+        self._wait_for_workers_to_join(store)
+        _init_group(0, self.tp_size, store, _device_for(config.device, 0), self.timeout_s)
 
     # ---- talking to the workers ----------------------------------------------------------
     def _wait_for_workers_to_join(self, store) -> None:
@@ -288,17 +281,21 @@ class TPEngine(Engine):
         local = getattr(super(), name)
         return self._on_every_rank(("call", name, args, kwargs), lambda: local(*args, **kwargs), name)
 
-    def apply_everywhere(self, fn, *args, **kwargs):
-        """Run ``fn(engine, *args, **kwargs)`` on every rank's engine at once (``fn`` must be
-        a module-level function so it can be sent); returns rank 0's result."""
-        return self._on_every_rank(("apply", fn, args, kwargs), lambda: fn(self, *args, **kwargs), fn.__name__)
-
     def _before_update(self, kwargs: dict) -> None:
         """Rank 0 owns the requests: refuse or drain here, before any rank writes, so no
         worker runs a forward pass with new weights while rank 0 still has old ones."""
         self._refuse_if_busy(kwargs.get("abort_all_requests", False))
         if self.paused and self.pause_mode == "wait":
-            self._drain(kwargs.get("wait_timeout_s", 600.0), self.pause_stats[-1])
+            self._drain(kwargs.get("wait_timeout_s", WAIT_TIMEOUT_S), self.pause_stats[-1])
+
+    def _receive_everywhere(self, name: str, *args, **kwargs):
+        """An update whose bytes a sender is already pushing to every rank: even when rank 0
+        refuses it (busy), every rank still receives them, then refuses too (``refuse_with``):
+        nothing changes anywhere and no sender is left hanging."""
+        _, result = receive_even_if_refused(
+            lambda: self._before_update(kwargs),
+            lambda refusal: self._call_everywhere(name, *args, **dict(kwargs, refuse_with=refusal)))
+        return result
 
     # ---- updates on every rank -------------------------------------------------------------
     def update_weights_from_disk(self, model_path, *args, **kwargs) -> dict:
@@ -335,40 +332,17 @@ class TPEngine(Engine):
         """SGLang's way for tensor-parallel engines: every rank is a member of the trainer's
         weight-update group (``rank_offset + tp_rank``), receives the full broadcast and
         keeps its slice through its loaders. (``update_weights_resharded`` sends each rank
-        only its pieces instead.) When rank 0 refuses (busy), every rank still receives
-        the bytes and then refuses too: nothing changes anywhere, no sender is left hanging."""
-        refused = None
-        try:
-            self._before_update(kwargs)
-        except RuntimeError as exc:
-            refused = exc
-        try:
-            return self.apply_everywhere(receive_broadcast_update, names, dtypes, shapes, group_name,
-                                         None if refused is None else str(refused), **kwargs)
-        except UpdateError:
-            if refused is not None:
-                raise refused from None
-            raise
+        only its pieces instead.) A refusal refuses on every rank, after the bytes."""
+        return self._receive_everywhere("update_weights_from_distributed", names, dtypes, shapes, group_name,
+                                        **kwargs)
 
     def update_weights_resharded(self, plan, group_name: str = "weight_update_group",
                                  weight_version: str | None = None, flush_cache: bool = True,
                                  abort_all_requests: bool = False, **kwargs) -> dict:
         """Receive a resharded update (see ``weights/reshard.py``): each rank takes only
         the pieces its shard needs, from whichever trainer ranks hold them."""
-        from course_lib.weights.reshard import apply_resharded_update
-
-        refused = None
-        try:
-            self._before_update({"abort_all_requests": abort_all_requests})
-        except RuntimeError as exc:
-            refused = exc  # every rank still receives its pieces, so the trainers are not left hanging
-        try:
-            return self.apply_everywhere(apply_resharded_update, plan, group_name, weight_version, flush_cache,
-                                         abort_all_requests, None if refused is None else str(refused), **kwargs)
-        except UpdateError:
-            if refused is not None:
-                raise refused from None
-            raise
+        return self._receive_everywhere("update_weights_resharded", plan, group_name, weight_version=weight_version,
+                                        flush_cache=flush_cache, abort_all_requests=abort_all_requests, **kwargs)
 
     # ---- inspection and shutdown -----------------------------------------------------------
     def rank_parameters(self, rank: int) -> dict[str, torch.Tensor]:

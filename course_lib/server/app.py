@@ -14,7 +14,7 @@ from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from course_lib.engine.hot_update import decode_tensor_payload
+from course_lib.engine.update_sources import decode_tensor_payload
 from course_lib.engine.sequence import SamplingParams
 from course_lib.server import schemas as s
 from course_lib.server.errors import ApiError, from_engine_exception, install_handlers

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from course_lib.engine.hot_update import EngineBusyError, EnginePausedError
+from course_lib.engine.pause import EngineBusyError, EnginePausedError
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.safe_pickle import UnsafePickleError
 

@@ -12,7 +12,7 @@ on GPU the allocator's peak above the starting point is reported too.
 
 The price of streaming: a fault discovered after some layers were applied (a file that
 changed since it was validated, a layer with NaNs) cannot be undone without a snapshot,
-so the engine either restores one or marks itself unhealthy (see hot_update.py).
+so the engine either restores one or marks itself unhealthy (see engine/transaction.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import time
 import torch
 
 from course_lib.layers.quant import process_weights_after_loading, staged_bytes
-from course_lib.weights.update import UpdateError, check_finite, load_in_place
+from course_lib.config import is_cuda
+from course_lib.weights.update import UpdateError, check_finite, copy_in_place
 
 _LAYER = re.compile(r"^(model\.layers\.\d+)\.")
 
@@ -45,7 +46,7 @@ class LayerwiseReload:
         self.applied: list[str] = []
         self.held_bytes = self.peak_held_bytes = 0
         self.ms = {"transfer": 0.0, "copy": 0.0, "post_process": 0.0}
-        self._gpu = self.device.type == "cuda"
+        self._gpu = is_cuda(self.device)
         # Only quantized layers stage and post-process; for a model without them, skip the
         # per-tensor and per-layer walks over every module (they cost seconds at 8B).
         self._quantized = any(hasattr(m, "staging") for m in model.modules())
@@ -77,7 +78,7 @@ class LayerwiseReload:
         if self.check_finite:
             check_finite(tensors)
         t0 = time.perf_counter()
-        load_in_place(self.model, tensors, self.device)
+        copy_in_place(self.model, tensors, self.device)
         self._hold(0)  # staging weights of quantized layers exist now
         t1 = time.perf_counter()
         if self._quantized:

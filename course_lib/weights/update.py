@@ -1,12 +1,13 @@
-"""The update transaction: validate, stage, then commit in place, timing every phase.
+"""The steps of an update that need no engine: validation, staging, the in-place copy, timing.
 
 Contract: nothing in the live model changes until the whole update has been validated
-(structural config, every tensor name, shape and dtype) and staged. The commit then
-copies into the existing parameters: through the model's copy plan (``copy_plan.py``:
-each checkpoint name's destination view, worked out once) when the model is unquantized
-on one rank, else through its own ``load_weights`` (name mapping, q/k/v and gate/up
-fusion, tensor-parallel slicing, staging for requantization). Either way no tensor a
-kernel or a captured CUDA graph reads ever moves.
+(structural config, every tensor name, shape and dtype) and staged. The commit step,
+``copy_in_place``, then copies into the existing parameters: through the model's copy
+plan (``copy_plan.py``: each checkpoint name's destination view, worked out once) when
+the model is unquantized on one rank, else through its own ``load_weights`` (name
+mapping, q/k/v and gate/up fusion, tensor-parallel slicing, staging for
+requantization). Either way no tensor a kernel or a captured CUDA graph reads ever
+moves. The engine's transaction around these steps is ``engine/transaction.py``.
 """
 from __future__ import annotations
 
@@ -81,15 +82,11 @@ def stage_from_disk(reader: CheckpointReader, names: Iterable[str] | None = None
     return dict(reader.iter_tensors(names))
 
 
-def commit(model, named_tensors, device) -> None:
-    """Copy validated (name, tensor) pairs into the live parameters, in place: through the
-    model's copy plan where it has one (unquantized, one rank), else its loaders."""
-    load_in_place(model, named_tensors, device)
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def load_in_place(model, named_tensors, device) -> None:
+def copy_in_place(model, named_tensors, device) -> None:
+    """The commit step: copy validated (name, tensor) pairs into the live parameters, in
+    place (never rebinding one): through the model's copy plan where it has one
+    (unquantized, one rank), else through its loaders (fusion, TP slicing, staging for
+    requantization). On GPU the copies may still be running when it returns."""
     plan = CopyPlan.for_model(model)
     if plan is not None:
         plan.apply(named_tensors)  # copies from wherever the tensors are, straight into the weights
@@ -104,8 +101,9 @@ def check_finite(named_tensors) -> None:
             raise UpdateError(f"{name}: contains NaN or infinite values")
 
 
-def load_and_validate(model_config: ModelConfig, model_path, partial: bool = False):
-    """Open and fully validate a checkpoint dir for an update: (reader, bytes)."""
+def open_and_validate(model_config: ModelConfig, model_path, partial: bool = False):
+    """Open a checkpoint dir for an update and validate it from its headers (structure,
+    names, shapes, dtypes), reading no tensor: (reader, bytes to load)."""
     try:
         reader = CheckpointReader(model_path)
         validate_config(model_config, reader.config)

@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from course_lib.config import is_cuda
 from course_lib.weights import bucket, safe_pickle
 
 DEFAULT_BUCKET_BYTES = 256 << 20
@@ -77,7 +78,7 @@ class BucketSender:
             else:
                 packed = bucket.pack(group, out=self._buffer(slot, need, device))
                 self._in_use[receipt] = slot
-            if torch.device(device).type == "cuda":
+            if is_cuda(device):
                 torch.cuda.current_stream().synchronize()  # the bytes are there before the engine reads
             yield receipt, safe_pickle.serialize(packed)
 

@@ -84,7 +84,7 @@ def send(engine, master_address: str, master_port: int, group_name: str = DEFAUL
          backend: str | None = None, bucket_bytes: int = dist_transport.DEFAULT_BUCKET_BYTES) -> dict:
     """Be rank 0 and send ``engine``'s weights; returns bytes, buckets and seconds."""
     device = torch.device(engine.config.device)
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    backend = backend or ("nccl" if engine.config.is_cuda else "gloo")
     sender = dist_transport.WeightBroadcaster(master_address, master_port, 2, group_name, backend, device,
                                               bucket_bytes)
     try:

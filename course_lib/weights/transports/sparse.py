@@ -7,7 +7,7 @@ checkpoint name, shape and dtype, the flat indices of the changed elements (int6
 or sharded layout) and their new values. Tensors with no change are left out.
 
 The engine applies a payload through the model's own loaders (see
-``HotUpdateMixin.update_weights_sparse``): it rebuilds each touched checkpoint tensor from
+``Engine.update_weights_sparse``): it rebuilds each touched checkpoint tensor from
 its current values, scatters the new values in, and loads the whole tensor, so fusion
 (q/k/v, gate/up) and the in-place copy are the same code as every other update.
 
