@@ -5,6 +5,8 @@ gate/up into ``gate_up_proj``, and with tensor parallelism each rank holds a sli
 ``packed_modules_mapping`` says which checkpoint names land in which fused parameter, and
 ``load_weights`` routes every checkpoint tensor through its parameter's ``weight_loader``
 (an in-place copy). Start-up loading and hot updates both go through ``load_weights``.
+``hf_tensor_shapes`` lists the tensors (names and shapes) a Hugging Face checkpoint of
+this model holds: what every reader and update validates against.
 """
 from __future__ import annotations
 
@@ -21,6 +23,32 @@ from course_lib.layers.linear import (MergedColumnParallelLinear, QKVParallelLin
 from course_lib.layers.norm import RMSNorm
 from course_lib.layers.quant import get_quant_method
 from course_lib.layers.rotary import RotaryEmbedding
+
+
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF Qwen3 checkpoint of this config holds, with its shape, in file order."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h)}
+    for n in range(config.num_hidden_layers):
+        p = f"model.layers.{n}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+    shapes["model.norm.weight"] = (h,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    return shapes
 
 
 class Qwen3Attention(nn.Module):
