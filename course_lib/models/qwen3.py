@@ -4,7 +4,8 @@ The engine's parameters are not the checkpoint's: q/k/v are fused into ``qkv_pro
 gate/up into ``gate_up_proj``, and with tensor parallelism each rank holds a slice.
 ``packed_modules_mapping`` says which checkpoint names land in which fused parameter, and
 ``load_weights`` routes every checkpoint tensor through its parameter's ``weight_loader``
-(an in-place copy). Start-up loading and hot updates both go through ``load_weights``.
+(an in-place copy). Start-up loading and hot updates both go through ``load_weights``;
+``load_local_weights`` does the same for tensors already cut to this rank's part.
 ``hf_tensor_shapes`` lists the tensors (names and shapes) a Hugging Face checkpoint of
 this model holds: what every reader and update validates against.
 """
@@ -184,6 +185,15 @@ class Qwen3ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into the parameters in place; returns the checkpoint
         names loaded. Each tensor is checked (name, shape) before its copy."""
+        return self._load(weights, "weight_loader")
+
+    def load_local_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Like ``load_weights``, for tensors already cut to this rank's part (what a
+        resharder delivers): each goes through its parameter's ``local_loader``, the
+        second half of its ``weight_loader``. Returns the checkpoint names loaded."""
+        return self._load(shards, "local_loader")
+
+    def _load(self, weights, loader: str) -> set[str]:
         params = self._params()
         loaded = set()
         for name, tensor in weights:
@@ -192,9 +202,10 @@ class Qwen3ForCausalLM(nn.Module):
                 continue
             param_name, shard_id = target
             param = params[param_name]
+            load = getattr(param, loader)
             if shard_id is None:
-                param.weight_loader(param, tensor)
+                load(param, tensor)
             else:
-                param.weight_loader(param, tensor, shard_id)
+                load(param, tensor, shard_id)
             loaded.add(name)
         return loaded
