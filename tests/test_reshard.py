@@ -117,17 +117,17 @@ def test_every_destination_element_arrives_exactly_once(trainers, engines):
             # Brute force: count how often each element of e's shard is delivered.
             count = torch.zeros(shape, dtype=torch.int64)
             for piece in p.pieces_for(e):
-                assert R._intersect(piece.region, src.boxes[piece.src]) == piece.region
-                count[R._slices(piece.region)] += 1
+                assert R.intersect(piece.region, src.boxes[piece.src]) == piece.region
+                count[R.box_slices(piece.region)] += 1
             inside = torch.zeros(shape, dtype=torch.bool)
-            inside[R._slices(want)] = True
+            inside[R.box_slices(want)] = True
             assert (count[inside] == 1).all() and (count[~inside] == 0).all(), (src, dst)
             # Nothing beyond the shard: an engine rank receives exactly its own bytes.
-            assert p.bytes_received(e) == R._volume(want) * 4
+            assert p.bytes_received(e) == R.volume(want) * 4
         assert sum(p.bytes_sent(t) for t in range(trainers)) == p.total_bytes
         locals_ = [R.trainer_locals({"t": full}, p, t) for t in range(trainers)]
         for e, shard in enumerate(R.reshard_in_memory(p, locals_)):
-            assert torch.equal(shard["t"], full[R._slices(dst.boxes[e])])
+            assert torch.equal(shard["t"], full[R.box_slices(dst.boxes[e])])
 
 
 def test_replicas_share_the_sending():
@@ -174,7 +174,7 @@ def test_planning_an_8b_model_needs_no_memory():
     (here: a 4-way trainer into an 8-way engine) takes no weight memory."""
     config = preset("qwen3-8b")
     p = R.plan_for_model(config, R.transposed_layouts(config, 4), tp_size=8)
-    shards = [sum(R._volume(t.dest.boxes[e]) for t in p.tensors.values()) * 2 for e in range(8)]
+    shards = [sum(R.volume(t.dest.boxes[e]) for t in p.tensors.values()) * 2 for e in range(8)]
     assert [p.bytes_received(e) for e in range(8)] == shards
     model_bytes = sum(torch.Size(s).numel() * 2 for s in hf_tensor_shapes(config).values())
     assert shards[0] < model_bytes / 7  # about 1/8 of the model (norms are replicated)
@@ -205,6 +205,22 @@ def test_resharded_shards_load_like_a_cold_start(make_ckpt, tied, quantization):
             if cold_sd[k].device.type != "meta":
                 assert torch.equal(hot_sd[k], cold_sd[k]), (rank, k)
                 assert hot_sd[k].data_ptr() == ptrs[k], f"{k} moved"
+
+
+
+@pytest.mark.parametrize("name,shape", [("model.layers.0.self_attn.k_proj.weight", (32, 64)),
+                                        ("model.layers.0.mlp.down_proj.weight", (64, 128)),
+                                        ("model.embed_tokens.weight", (512, 64))])
+def test_a_shard_of_the_wrong_shape_is_refused_before_its_copy(name, shape):
+    """A full tensor where this rank's part belongs (or any other wrong cut) is refused by
+    the parameter's own loader, naming the tensor; the parameter keeps its bytes."""
+    model = unloaded_model(preset("tiny"), rank=1, tp_size=2)
+    for p in model.parameters():
+        p.data.fill_(0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(R.ReshardError, match=name.replace(".", r"\.")):
+        R.load_shards(model, {name: torch.ones(shape)})
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_a_plan_for_another_engine_layout_is_refused():

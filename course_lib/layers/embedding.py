@@ -12,6 +12,8 @@ from course_lib.layers.linear import divide, check_shape
 class VocabParallelEmbedding(nn.Module):
     """Rank r holds vocabulary rows [r*V/tp, (r+1)*V/tp)."""
 
+    tp_dim = 0  # the dimension split across ranks: vocabulary rows
+
     def __init__(self, vocab_size: int, hidden_size: int, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -20,10 +22,17 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp_rank * self.rows
         self.weight = nn.Parameter(torch.empty(self.rows, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        self.weight.local_loader = self.local_loader
 
     def weight_loader(self, param, loaded, shard_id=None):
+        """Check the full [vocab, hidden] table, keep this rank's vocabulary rows."""
         check_shape(param.param_name, loaded, (self.vocab_size, param.shape[1]))
-        param.data.copy_(loaded.narrow(0, self.start, self.rows))
+        self.local_loader(param, loaded.narrow(0, self.start, self.rows))
+
+    def local_loader(self, param, local, shard_id=None):
+        """Copy this rank's vocabulary rows (already cut) in place."""
+        check_shape(f"{param.param_name} (rank {self.tp_rank}'s rows)", local, param.shape)
+        param.data.copy_(local)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -1,10 +1,15 @@
 """Linear layers whose parameters know how to load checkpoint tensors into themselves.
 
-Each parameter gets ``weight_loader(param, loaded, shard_id=None)``: it checks the
-checkpoint tensor's shape, selects this tensor-parallel rank's slice, and copies it *in
-place* into the right rows of the (possibly fused) parameter. The in-place copy is the
-point: the load path at start-up is also the hot-update path, and it never moves a
-tensor that a captured CUDA graph reads.
+Each parameter gets two loaders, the second half of the first:
+
+- ``weight_loader(param, loaded, shard_id=None)`` takes a full checkpoint tensor: it checks
+  its shape, selects this tensor-parallel rank's slice, and hands it to
+- ``local_loader(param, local, shard_id=None)``, which takes this rank's slice (a
+  resharder delivers exactly that), checks its shape, and copies it *in place* into the
+  rows ``shard_rows(shard_id)`` of the (possibly fused) parameter.
+
+The in-place copy is the point: the load path at start-up is also the hot-update path,
+and it never moves a tensor that a captured CUDA graph reads.
 
 Layouts for ``tp_size`` ranks (rank ``r``):
 - ColumnParallelLinear: output rows split; rank r holds rows [r*out/tp, (r+1)*out/tp).
@@ -32,7 +37,8 @@ def check_shape(param_name: str, loaded: torch.Tensor, expected: tuple[int, ...]
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-    """Replicated parameter: same shape in the checkpoint and in the engine."""
+    """Replicated parameter: same shape in the checkpoint and in the engine, so this is
+    both its ``weight_loader`` and its ``local_loader``."""
     check_shape(getattr(param, "param_name", "parameter"), loaded, param.shape)
     param.data.copy_(loaded)
 
@@ -66,7 +72,20 @@ class LinearBase(nn.Module):
         ``get_weights_by_name`` ask for; a plain layer's single shard is all its rows."""
         return 0, self.out_features
 
+    def local_loader(self, param, local: torch.Tensor, shard_id=None) -> None:
+        """Copy this rank's slice of checkpoint shard ``shard_id`` (already cut for this
+        rank) in place into its rows of ``param``; a wrong shape is refused before the copy."""
+        offset, rows = self.shard_rows(shard_id)
+        dest = param.data.narrow(0, offset, rows)
+        name = getattr(param, "param_name", "weight")
+        what = name if shard_id is None else f"{name}[{shard_id}]"
+        if tuple(local.shape) != tuple(dest.shape):
+            raise ValueError(f"{what}: this rank's shard has shape {tuple(local.shape)}, rows "
+                             f"{offset}:{offset + rows} expect {tuple(dest.shape)}")
+        dest.copy_(local)
+
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's slice of a full checkpoint tensor along ``dim``."""
         size = loaded.shape[dim] // self.tp_size
         return loaded.narrow(dim, self.tp_rank * size, size)
 
@@ -76,7 +95,9 @@ class LinearBase(nn.Module):
 
 class ReplicatedLinear(LinearBase):
     def weight_loader(self, param, loaded, shard_id=None):
-        default_weight_loader(param, loaded)
+        """Every rank holds the whole tensor."""
+        check_shape(getattr(param, "param_name", "parameter"), loaded, (self.out_features, self.in_features))
+        self.local_loader(param, loaded)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -86,8 +107,9 @@ class ColumnParallelLinear(LinearBase):
         self.full_out = out_features
 
     def weight_loader(self, param, loaded, shard_id=None):
+        """Check the full [out, in] tensor, keep this rank's block of output rows."""
         check_shape(param.param_name, loaded, (self.full_out, self.in_features))
-        param.data.copy_(self._shard(loaded, 0))
+        self.local_loader(param, self._shard(loaded, 0))
 
 
 class RowParallelLinear(LinearBase):
@@ -97,8 +119,9 @@ class RowParallelLinear(LinearBase):
         self.full_in = in_features
 
     def weight_loader(self, param, loaded, shard_id=None):
+        """Check the full [out, in] tensor, keep this rank's block of input columns."""
         check_shape(param.param_name, loaded, (self.out_features, self.full_in))
-        param.data.copy_(self._shard(loaded, 1))
+        self.local_loader(param, self._shard(loaded, 1))
 
     def forward(self, x):
         y = self.quant_method.apply(self, x)
@@ -118,12 +141,13 @@ class MergedColumnParallelLinear(LinearBase):
         super().__init__(in_features, sum(output_sizes) // tp_size, tp_rank, tp_size, 0, quant_method)
 
     def shard_rows(self, shard_id: int) -> tuple[int, int]:
+        """Output ``shard_id`` (0: gate, 1: up) sits after the earlier outputs' rows."""
         return sum(self.output_sizes[:shard_id]) // self.tp_size, self.output_sizes[shard_id] // self.tp_size
 
     def weight_loader(self, param, loaded, shard_id: int):
+        """Check gate (0) or up (1) in full, keep this rank's rows, put them in their place."""
         check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.output_sizes[shard_id], self.in_features))
-        offset, size = self.shard_rows(shard_id)
-        param.data.narrow(0, offset, size).copy_(self._shard(loaded, 0))
+        self.local_loader(param, self._shard(loaded, 0), shard_id)
 
 
 class QKVParallelLinear(LinearBase):
@@ -142,9 +166,10 @@ class QKVParallelLinear(LinearBase):
         super().__init__(hidden_size, q + 2 * kv, tp_rank, tp_size, 0, quant_method)
 
     def shard_rows(self, shard_id: str) -> tuple[int, int]:
+        """This rank's q heads first, then its k heads, then its v heads."""
         return self.offsets[shard_id]
 
     def weight_loader(self, param, loaded, shard_id: str):
+        """Check q, k or v in full, keep this rank's heads, put them in their place."""
         check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.full_sizes[shard_id], self.in_features))
-        offset, size = self.shard_rows(shard_id)
-        param.data.narrow(0, offset, size).copy_(self._shard(loaded, 0))
+        self.local_loader(param, self._shard(loaded, 0), shard_id)

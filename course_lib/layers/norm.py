@@ -13,6 +13,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.weight.weight_loader = default_weight_loader
+        self.weight.local_loader = default_weight_loader  # replicated: every rank's part is the whole
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype

@@ -102,6 +102,7 @@ class UnquantizedLinearMethod:
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype):
         layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
         layer.weight.weight_loader = layer.weight_loader
+        layer.weight.local_loader = layer.local_loader
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         pass  # checkpoint format is kernel format
@@ -130,19 +131,21 @@ class QuantizedLinearMethod:
         # Checkpoint-format shell: shape and dtype for the loaders and for validation, no memory.
         layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device="meta"),
                                     requires_grad=False)
-        layer.weight.weight_loader = functools.partial(self._stage, layer)
+        # The shell's two loaders stage through the layer's own two (see linear.py).
+        layer.weight.weight_loader = functools.partial(self._stage, layer, layer.weight_loader)
+        layer.weight.local_loader = functools.partial(self._stage, layer, layer.local_loader)
         layer.staging, layer.staged_shards = None, set()
 
-    def _stage(self, layer, param, loaded, shard_id=None):
-        """The shell's weight_loader: write this shard into the staging tensor through the
-        layer's own loader (same checks, same slicing and fusion as unquantized)."""
+    def _stage(self, layer, loader, param, loaded, shard_id=None):
+        """The shell's loaders: write this shard into the staging tensor through the
+        layer's own ``loader`` (same checks, same slicing and fusion as unquantized)."""
         if layer.staging is None:
             layer.staging = torch.empty(param.shape, dtype=param.dtype, device=layer.qweight.device)
             layer.staging.param_name = getattr(param, "param_name", "weight")  # loaders name it in errors
         if shard_id is None:
-            layer.weight_loader(layer.staging, loaded)
+            loader(layer.staging, loaded)
         else:
-            layer.weight_loader(layer.staging, loaded, shard_id)
+            loader(layer.staging, loaded, shard_id)
         layer.staged_shards.add(shard_id)
 
     def process_weights_after_loading(self, layer) -> None:

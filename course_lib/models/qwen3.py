@@ -4,7 +4,10 @@ The engine's parameters are not the checkpoint's: q/k/v are fused into ``qkv_pro
 gate/up into ``gate_up_proj``, and with tensor parallelism each rank holds a slice.
 ``packed_modules_mapping`` says which checkpoint names land in which fused parameter, and
 ``load_weights`` routes every checkpoint tensor through its parameter's ``weight_loader``
-(an in-place copy). Start-up loading and hot updates both go through ``load_weights``.
+(an in-place copy). Start-up loading and hot updates both go through ``load_weights``;
+``load_local_weights`` does the same for tensors already cut to this rank's part.
+``hf_tensor_shapes`` lists the tensors (names and shapes) a Hugging Face checkpoint of
+this model holds: what every reader and update validates against.
 """
 from __future__ import annotations
 
@@ -21,6 +24,32 @@ from course_lib.layers.linear import (MergedColumnParallelLinear, QKVParallelLin
 from course_lib.layers.norm import RMSNorm
 from course_lib.layers.quant import get_quant_method
 from course_lib.layers.rotary import RotaryEmbedding
+
+
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF Qwen3 checkpoint of this config holds, with its shape, in file order."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, h)}
+    for n in range(config.num_hidden_layers):
+        p = f"model.layers.{n}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+    shapes["model.norm.weight"] = (h,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    return shapes
 
 
 class Qwen3Attention(nn.Module):
@@ -156,6 +185,15 @@ class Qwen3ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into the parameters in place; returns the checkpoint
         names loaded. Each tensor is checked (name, shape) before its copy."""
+        return self._load(weights, "weight_loader")
+
+    def load_local_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Like ``load_weights``, for tensors already cut to this rank's part (what a
+        resharder delivers): each goes through its parameter's ``local_loader``, the
+        second half of its ``weight_loader``. Returns the checkpoint names loaded."""
+        return self._load(shards, "local_loader")
+
+    def _load(self, weights, loader: str) -> set[str]:
         params = self._params()
         loaded = set()
         for name, tensor in weights:
@@ -164,9 +202,10 @@ class Qwen3ForCausalLM(nn.Module):
                 continue
             param_name, shard_id = target
             param = params[param_name]
+            load = getattr(param, loader)
             if shard_id is None:
-                param.weight_loader(param, tensor)
+                load(param, tensor)
             else:
-                param.weight_loader(param, tensor, shard_id)
+                load(param, tensor, shard_id)
             loaded.add(name)
         return loaded

@@ -16,10 +16,11 @@ from typing import Iterator
 
 import torch
 
-from course_lib.weights.checkpoint import _st_dtype, read_safetensors_header
+from course_lib.weights.safetensors_format import read_safetensors_header, safetensors_dtype
 
 CHUNK_BYTES = 128 << 20
 READ_THREADS = min(8, os.cpu_count() or 1)
+
 
 class _PinnedPipeline:
     def __init__(self, device):
@@ -85,6 +86,6 @@ def iter_safetensors_to_gpu(file, wanted: set[str] | None, device) -> Iterator[t
             raw = torch.empty(end - begin, dtype=torch.uint8, device=device)
             if end > begin:
                 pipe.copy_in(fd, data_start + begin, raw)
-            yield name, raw.view(_st_dtype(info["dtype"], file)).view(info["shape"])
+            yield name, raw.view(safetensors_dtype(info["dtype"], file)).view(info["shape"])
     finally:
         os.close(fd)

@@ -76,11 +76,11 @@ def check_plan_pieces(plan_pieces, seed=None) -> list[str]:
                 if not (0 <= s < len(src)) or len(region) != len(shape):
                     problems.append(f"a piece names trainer rank {s} or has a region of the wrong rank: {region}")
                     continue
-                if R._intersect(region, src[s]) != region:
+                if R.intersect(region, src[s]) != region:
                     problems.append(f"trainer rank {s} does not hold region {R.format_box(region)}")
-                count[R._slices(region)] += 1
+                count[R.box_slices(region)] += 1
             inside = torch.zeros(shape, dtype=torch.bool)
-            inside[R._slices(want)] = True
+            inside[R.box_slices(want)] = True
             if (count[inside] != 1).any():
                 problems.append(f"engine rank {e} receives some of its elements {int((count[inside] == 0).sum())} "
                                 f"times never and {int((count[inside] > 1).sum())} more than once")

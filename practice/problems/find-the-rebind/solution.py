@@ -7,11 +7,7 @@ import torch
 def fused_rows(model, param_name, shard_id):
     """Row indices of fused parameter ``param_name`` that checkpoint shard ``shard_id`` fills."""
     module = model.get_submodule(param_name.rsplit(".", 1)[0])
-    if hasattr(module, "offsets"):      # qkv_proj: shard "q", "k" or "v"
-        start, size = module.offsets[shard_id]
-    else:                               # gate_up_proj: shard 0 (gate) or 1 (up)
-        size = module.output_sizes[shard_id] // module.tp_size
-        start = sum(module.output_sizes[:shard_id]) // module.tp_size
+    start, size = module.shard_rows(shard_id)  # q/k/v or gate/up: the layer says where its shard lands
     return torch.arange(start, start + size, device=module.weight.device)
 
 

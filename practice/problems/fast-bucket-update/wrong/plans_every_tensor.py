@@ -17,11 +17,7 @@ def destination(model, name):
     if shard_id is None:
         return data
     module = model.get_submodule(param_name.rsplit(".", 1)[0])
-    if hasattr(module, "offsets"):
-        start, size = module.offsets[shard_id]
-    else:
-        start = sum(module.output_sizes[:shard_id]) // module.tp_size
-        size = module.output_sizes[shard_id] // module.tp_size
+    start, size = module.shard_rows(shard_id)
     return data.narrow(0, start, size)
 
 

@@ -22,12 +22,7 @@ def destination(model, name):
     if shard_id is None:
         return param                       # the parameter itself: apply rebinds it
     data = param.data
-    if hasattr(module, "offsets"):         # qkv_proj: shard "q", "k" or "v"
-        start, size = module.offsets[shard_id]
-    else:                                  # gate_up_proj: shard 0 (gate) or 1 (up)
-        start = sum(module.output_sizes[:shard_id]) // module.tp_size
-        size = module.output_sizes[shard_id] // module.tp_size
-    return data.narrow(0, start, size)     # a view: writing it writes the parameter
+    return data.narrow(0, *module.shard_rows(shard_id))  # a view: writing it writes the parameter
 
 
 class BucketUpdater:
