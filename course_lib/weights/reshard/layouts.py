@@ -157,7 +157,6 @@ class Layout:
         return None if box is None else box_shape(box)
 
 
-
 # ---- the engine's layout, read off its own modules ---------------------------------------
 
 def _engine_split_dim(module: nn.Module) -> int | None:
