@@ -219,7 +219,10 @@ def train(engine, cfg: LoopConfig, policy: Policy | None = None, sync=None, serv
     """Run the loop. ``engine`` serves the policy (it is also the target of the default
     in-process sync); ``policy`` is the trainer's copy (default: loaded from the engine's
     checkpoint); ``sync`` an object from ``sync.py``; with ``server`` (a running
-    ``BackgroundServer`` of ``engine``) generation and sync go over HTTP."""
+    ``BackgroundServer`` of ``engine``) generation and sync go over HTTP.
+
+    One function of ~70 lines on purpose: it reads top to bottom in the order chapter 08's
+    timeline draws a step (generate, reward, train, sync), which helpers would scatter."""
     from course_lib.rl.sync import HttpSync, InProcessSync
 
     if cfg.pause_mode is not None and server is not None:
