@@ -1,6 +1,7 @@
 """Hostile requests at the HTTP edge, over a real server: every one is a 400 naming what was
 wrong (never a 500), changes nothing, and the server keeps serving afterwards. A failure
 inside a step (NaN weights) ends the requests that hit it, not the server."""
+import json
 import os
 import socket
 import threading
@@ -41,7 +42,9 @@ def server(ckpt):
 
 
 def post(srv, route, body, timeout=30.0):
-    return httpx.post(f"{srv.url}{route}", json=body, timeout=timeout)
+    # json.dumps, not httpx's json=: NaN and Infinity must go out as Python writes them.
+    return httpx.post(f"{srv.url}{route}", content=json.dumps(body), timeout=timeout,
+                      headers={"Content-Type": "application/json"})
 
 
 def assert_400(reply, *words):
