@@ -9,6 +9,7 @@ import math
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import torch
@@ -156,13 +157,21 @@ def check_backend(backend: str | None, device: str) -> None:
 
 
 def probe_rendezvous(address: str, port: int) -> None:
-    """Open and close one TCP connection to the trainer's rendezvous store (within the
-    group connect timeout); a 400 naming the address if nothing listens there."""
-    try:
-        socket.create_connection((address, port), timeout=dist_transport.connect_timeout_s()).close()
-    except OSError as exc:
-        raise ApiError(400, "bad_request", f"nothing accepts connections at {address}:{port} (the trainer's "
-                                           f"rendezvous for master_address/master_port): {exc}") from None
+    """Wait until the trainer's rendezvous store accepts a TCP connection (it may still be
+    starting: retried until the group connect timeout); a 400 naming the address if it never
+    does. Runs off the engine thread, so generation goes on meanwhile."""
+    deadline = time.monotonic() + dist_transport.connect_timeout_s()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((address, port), timeout=max(left, 0.1)).close()
+            return
+        except OSError as exc:
+            if left <= 0:
+                raise ApiError(400, "bad_request", f"nothing accepted connections at {address}:{port} (the "
+                                                   f"trainer's rendezvous, master_address/master_port) within "
+                                                   f"{dist_transport.connect_timeout_s()} s: {exc}") from None
+            time.sleep(min(0.1, max(left, 0)))
 
 
 def check_announced_tensors(req: DistributedUpdateRequest) -> None:
