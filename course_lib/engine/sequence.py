@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 import uuid
 from dataclasses import dataclass
 from enum import Enum, auto
 
 import torch
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass
@@ -20,12 +29,18 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # Each field by its exact type (JSON's true is not 1, 1.5 is not a seed) and range
+        # (NaN and inf are not temperatures): a bad value must never reach the sampler.
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"sampling_params.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"sampling_params.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling_params.top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2 ** 63):
+            raise ValueError(f"sampling_params.seed must be an integer in [0, 2**63) or null, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"sampling_params.ignore_eos must be true or false, got {self.ignore_eos!r}")
 
     @classmethod
     def coerce(cls, params) -> "SamplingParams":
@@ -37,7 +52,7 @@ class SamplingParams:
         if isinstance(params, dict):
             unknown = set(params) - set(cls.__dataclass_fields__)
             if unknown:
-                raise ValueError(f"unknown sampling_params keys: {sorted(unknown)}")
+                raise ValueError(f"unknown sampling_params keys: {sorted(map(str, unknown))}")
             return cls(**params)
         raise TypeError(f"sampling_params must be a dict or SamplingParams, got {type(params).__name__}")
 

@@ -5,12 +5,18 @@ themselves: each hands ``EngineWorker`` a small function of the engine and await
 every engine call runs on the engine's own thread between two steps. Payload decoding
 (base64 and the allowlisted unpickler) runs in a thread pool, off both that thread and
 the event loop.
+
+Every request field is checked here or in ``schemas`` (a 400 naming the field) before the
+engine sees it; a /generate whose client disconnects has its requests aborted; NaN and
+infinite floats in responses are spelled "NaN", "Infinity", "-Infinity" (valid JSON).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -24,35 +30,94 @@ from course_lib.server.worker import EngineWorker
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 
 
-def generate_inputs(req: s.GenerateRequest) -> tuple[list, str, list[SamplingParams], list[bool], bool]:
+# A prompt's characters against the context: the byte tokenizer makes at least one token per
+# character, so a text over this many characters per context token cannot fit, and is refused
+# before it is tokenized (a 50 MB prompt must not cost 500 MB and seconds of the engine thread).
+# A shorter one that still does not fit is refused by the engine after tokenizing.
+MAX_CHARS_PER_TOKEN = 4
+DISCONNECT_POLL_S = 0.05  # how often a waiting /generate checks that its client is still there
+
+
+def finite(obj):
+    """``obj`` with every NaN or infinite float spelled as the string "NaN", "Infinity" or
+    "-Infinity" (the names JavaScript and Python's ``float()`` read back), so a response
+    holding them is still valid JSON (NaN weights, -inf logprobs)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def check_prompt(item, where: str, engine) -> None:
+    """One prompt (text or token ids), checked against the model before anything is queued."""
+    limit, vocab = engine.config.max_model_len, engine.model_config.vocab_size
+    if isinstance(item, str):
+        if not item:
+            raise ApiError(400, "bad_request", f"{where}: the prompt is empty")
+        if len(item) >= limit * MAX_CHARS_PER_TOKEN:
+            raise ApiError(400, "prompt_too_long", f"{where}: {len(item)} characters cannot fit the context of "
+                                                   f"{limit} tokens (max_model_len)")
+        return
+    if not item:
+        raise ApiError(400, "bad_request", f"{where}: the prompt is empty")
+    if len(item) >= limit:
+        raise ApiError(400, "prompt_too_long", f"{where}: {len(item)} tokens; the context holds {limit} "
+                                               f"(max_model_len), leaving no room to generate")
+    bad = [t for t in item if not 0 <= t < vocab]
+    if bad:
+        raise ApiError(400, "bad_request", f"{where}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+
+
+def generate_inputs(req: s.GenerateRequest, engine) -> tuple[list, str, list[SamplingParams], list[bool], bool]:
     """(items, "prompt" or "input_ids", sampling params per item, return_logprob per item,
-    whether it was a batch)."""
+    whether it was a batch), every item checked before any is queued (400 naming it)."""
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "bad_request", "give exactly one of text or input_ids")
     if req.stream:
         raise ApiError(400, "unsupported", "stream=true is not supported; responses come whole")
     if req.text is not None:
         batched = isinstance(req.text, list)
-        items, key = (req.text if batched else [req.text]), "prompt"
+        items, key, field = (req.text if batched else [req.text]), "prompt", "text"
     else:
         batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
-        items, key = (req.input_ids if batched else [req.input_ids]), "input_ids"
+        items, key, field = (req.input_ids if batched else [req.input_ids]), "input_ids", "input_ids"
     if not items:
         raise ApiError(400, "bad_request", "the batch is empty")
+    for i, item in enumerate(items):
+        check_prompt(item, f"{field}[{i}]" if batched else field, engine)
     raw = req.sampling_params
     if isinstance(raw, list):
         if len(raw) != len(items):
             raise ApiError(400, "bad_request", f"{len(raw)} sampling_params for {len(items)} prompts")
+        named = [(f"sampling_params[{i}]", p) for i, p in enumerate(raw)]
     else:
-        raw = [raw] * len(items)
-    try:  # all checked before any request is queued
-        params = [SamplingParams.coerce(p) for p in raw]
-    except (ValueError, TypeError) as exc:
-        raise ApiError(400, "bad_request", f"bad sampling_params: {exc}") from None
+        named = [("sampling_params", raw)]
+    params = []
+    for where, p in named:
+        try:
+            params.append(SamplingParams.coerce(p))
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, "bad_request", f"bad {where}: {exc}") from None
+    params = params if len(params) == len(items) else params * len(items)
     flags = req.return_logprob if isinstance(req.return_logprob, list) else [bool(req.return_logprob)] * len(items)
     if len(flags) != len(items):
         raise ApiError(400, "bad_request", f"{len(flags)} return_logprob flags for {len(items)} prompts")
     return items, key, params, flags, batched
+
+
+async def unless_disconnected(request: Request, future: asyncio.Future):
+    """Await ``future``; if the client goes away first, cancel it (the worker then aborts
+    the requests nobody will read) and answer 499, which nobody receives."""
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return future.result()
+        if await request.is_disconnected():
+            future.cancel()
+            raise ApiError(499, "client_closed", "the client closed the connection; its requests were aborted")
 
 
 def create_app(engine, allow_weight_update: bool = False, api_key: str | None = None,
@@ -73,6 +138,15 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
     app.add_middleware(GuardMiddleware, api_key=api_key, allow_weight_update=allow_weight_update,
                        max_body_bytes=max_body_bytes)
     install_handlers(app)
+    add_serving_routes(app, engine, worker)
+    add_update_routes(app, engine, worker)
+    add_group_routes(app, engine, worker)
+    add_read_routes(app, worker)
+    return app
+
+
+def add_serving_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
+    """/health, /generate, pausing and flushing."""
 
     @app.get("/health")
     async def health():
@@ -81,17 +155,19 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
         state = {"healthy": e.unhealthy is None and worker.alive, "reason": e.unhealthy or worker.error,
                  "paused": e.paused, "pause_mode": e.pause_mode, "weight_version": e.weight_version,
                  "weight_update_count": e.weight_update_count, "num_running": len(e.scheduler.running),
-                 "num_waiting": len(e.scheduler.waiting)}
+                 "num_waiting": len(e.scheduler.waiting), "step_errors": worker.step_errors,
+                 "last_step_error": worker.last_step_error}
         if not state["healthy"]:
             return ApiError(503, "unhealthy", f"engine is not serving: {state['reason']}").response()
         return state
 
     @app.post("/generate")
-    async def generate(req: s.GenerateRequest):
-        items, key, params, flags, batched = generate_inputs(req)
-        outputs = await worker.generate_async(items, key, params, flags)
-        outputs = [{k: v for k, v in out.items() if k != "rid"} for out in outputs]  # meta_info.id has it
-        return outputs if batched else outputs[0]
+    async def generate(req: s.GenerateRequest, request: Request):
+        items, key, params, flags, batched = generate_inputs(req, engine)
+        future = asyncio.wrap_future(worker.generate(items, key, params, flags))
+        outputs = await unless_disconnected(request, future)
+        outputs = [finite({k: v for k, v in out.items() if k != "rid"}) for out in outputs]  # meta_info.id has it
+        return JSONResponse(outputs if batched else outputs[0])
 
     @app.post("/pause_generation")
     async def pause_generation(req: s.PauseRequest | None = None):
@@ -119,9 +195,13 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
     async def flush_cache_post(req: s.FlushRequest | None = None):
         return await worker.call(flush)
 
+
+def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
+    """Updates from disk and from tensors, and the version label."""
+
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: s.DiskUpdateRequest):
-        path = s.checkpoint_dir(req)
+        path = await run_in_threadpool(s.checkpoint_dir, req)  # stat calls: off the event loop
         version = s.version_text(req.weight_version)
         return await worker.call(lambda e: e.update_weights_from_disk(
             path, weight_version=version, flush_cache=req.flush_cache, abort_all_requests=req.abort_all_requests))
@@ -137,17 +217,29 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
             tensors, flush_cache=req.flush_cache, weight_version=version,
             abort_all_requests=req.abort_all_requests))
 
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: s.VersionRequest):
+        return await worker.call(lambda e: e.update_weight_version(str(req.new_version)))
+
+
+def add_group_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
+    """torch.distributed weight-update groups: join, receive a broadcast, leave."""
+
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(req: s.InitGroupRequest):
-        # Blocks the engine thread until every rank has joined (the trainer is rank 0).
+        s.check_backend(req.backend, engine.config.device)
+        if req.rank_offset + getattr(engine.model, "tp_rank", 0) > 0:
+            # The trainer hosts the rendezvous: see that it listens before the engine thread
+            # joins, so a closed port or a dead host costs this request, not generation.
+            await run_in_threadpool(s.probe_rendezvous, req.master_address, req.master_port)
+        # The join itself blocks the engine thread until every rank has joined (bounded by
+        # the group's connect timeout, dist.CONNECT_TIMEOUT_S).
         return await worker.call(lambda e: e.init_weights_update_group(
             req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend))
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(req: s.DistributedUpdateRequest):
-        if not len(req.names) == len(req.dtypes) == len(req.shapes):
-            raise ApiError(400, "bad_request", f"names, dtypes and shapes differ in length "
-                                               f"({len(req.names)}, {len(req.dtypes)}, {len(req.shapes)})")
+        s.check_announced_tensors(req)
         version = s.version_text(req.weight_version)
         # Blocks the engine thread until the trainer's broadcast has arrived; the event loop only awaits.
         return await worker.call(lambda e: e.update_weights_from_distributed(
@@ -159,19 +251,19 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
         name = (req or s.DestroyGroupRequest()).group_name
         return await worker.call(lambda e: e.destroy_weights_update_group(name))
 
+
+def add_read_routes(app: FastAPI, worker: EngineWorker) -> None:
+    """Versions and weight values (NaN and infinities as strings, see ``finite``)."""
+
     @app.get("/get_weight_version")
     async def get_weight_version():
         return await worker.call(lambda e: {"weight_version": e.get_weight_version(),
                                             "weight_update_count": e.weight_update_count})
 
-    @app.post("/update_weight_version")
-    async def update_weight_version(req: s.VersionRequest):
-        return await worker.call(lambda e: e.update_weight_version(str(req.new_version)))
-
     def weights_by_name(name: str, truncate_size: int):
         def read(e):
             try:
-                return e.get_weights_by_name(name, truncate_size).float().cpu().tolist()
+                return finite(e.get_weights_by_name(name, truncate_size).float().cpu().tolist())
             except KeyError:
                 raise ApiError(404, "not_found", f"{name!r} is not a weight of this model") from None
         return read
@@ -183,5 +275,3 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
     @app.post("/get_weights_by_name")
     async def get_weights_by_name_post(req: s.WeightsByNameRequest):
         return JSONResponse(await worker.call(weights_by_name(req.name, req.truncate_size)))
-
-    return app

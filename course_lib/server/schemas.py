@@ -5,12 +5,18 @@ newer SGLang (which sends fields this engine has no use for) still works.
 """
 from __future__ import annotations
 
+import math
 import os
+import socket
+import stat
+import time
 from pathlib import Path
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from course_lib.server.errors import ApiError
+from course_lib.weights.transports import dist as dist_transport
 
 
 class Body(BaseModel):
@@ -94,9 +100,29 @@ class WeightsByNameRequest(Body):
 DISK_LOAD_FORMATS = (None, "auto", "safetensors", "pt")
 
 
+MAX_ANNOUNCED_BYTES = 1 << 40  # a broadcast announcing more than this is refused before any receive
+
+
+def _entries_are_regular(p: Path, path: str) -> None:
+    """Every top-level entry is a directory or a regular file (symlinks followed): the
+    reader must never open a FIFO (it would block the engine thread) or a device."""
+    with os.scandir(p) as entries:
+        for n, entry in enumerate(entries):
+            if n > 10_000:
+                raise ApiError(400, "bad_model_path", f"model_path {path!r} holds more than 10,000 entries")
+            try:
+                mode = entry.stat().st_mode
+            except OSError as exc:
+                raise ApiError(400, "bad_model_path", f"model_path {path!r}: {entry.name} cannot be read ({exc})")
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise ApiError(400, "bad_model_path", f"model_path {path!r}: {entry.name} is not a regular file "
+                                                      f"or directory")
+
+
 def checkpoint_dir(req: DiskUpdateRequest) -> str:
     """The request's checkpoint directory, refused with a clear 400 unless it is an existing,
-    readable directory holding a config.json (so ``../../etc`` goes no further)."""
+    readable directory of regular files holding a config.json (so ``../../etc`` goes no
+    further, and a FIFO named model.safetensors never blocks the reader)."""
     if req.model_path and req.model_dir and req.model_path != req.model_dir:
         raise ApiError(400, "bad_request", "model_path and model_dir disagree; send one of them")
     path = req.model_path or req.model_dir
@@ -108,10 +134,60 @@ def checkpoint_dir(req: DiskUpdateRequest) -> str:
     if "\x00" in path:
         raise ApiError(400, "bad_model_path", "model_path contains a NUL byte")
     p = Path(path)
-    if not p.is_dir():
+    try:
+        is_dir = stat.S_ISDIR(os.stat(p).st_mode)
+    except OSError as exc:  # missing, a component over 255 characters, a loop of links, ...
+        raise ApiError(400, "bad_model_path", f"model_path {path[:300]!r} cannot be used: {exc.strerror}") from None
+    if not is_dir:
         raise ApiError(400, "bad_model_path", f"model_path {path!r} is not an existing directory")
     if not os.access(p, os.R_OK | os.X_OK):
         raise ApiError(400, "bad_model_path", f"model_path {path!r} is not readable by the server")
     if not (p / "config.json").is_file():
         raise ApiError(400, "bad_model_path", f"model_path {path!r} is not a checkpoint directory (no config.json)")
+    _entries_are_regular(p, path)
     return path
+
+
+def check_backend(backend: str | None, device: str) -> None:
+    if backend not in (None, "gloo", "nccl"):
+        raise ApiError(400, "bad_request", f"backend {backend!r} is not supported; expected 'gloo' or 'nccl'")
+    if backend == "nccl" and torch.device(device).type != "cuda":
+        raise ApiError(400, "bad_request", f"backend 'nccl' needs a CUDA server; this one runs on {device}: "
+                                           f"use backend 'gloo'")
+
+
+def probe_rendezvous(address: str, port: int) -> None:
+    """Wait until the trainer's rendezvous store accepts a TCP connection (it may still be
+    starting: retried until the group connect timeout); a 400 naming the address if it never
+    does. Runs off the engine thread, so generation goes on meanwhile."""
+    deadline = time.monotonic() + dist_transport.connect_timeout_s()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((address, port), timeout=max(left, 0.1)).close()
+            return
+        except OSError as exc:
+            if left <= 0:
+                raise ApiError(400, "bad_request", f"nothing accepted connections at {address}:{port} (the "
+                                                   f"trainer's rendezvous, master_address/master_port) within "
+                                                   f"{dist_transport.connect_timeout_s()} s: {exc}") from None
+            time.sleep(min(0.1, max(left, 0)))
+
+
+def check_announced_tensors(req: DistributedUpdateRequest) -> None:
+    """names, dtypes and shapes agree, every dtype is a torch dtype and every shape is
+    non-negative and sized sanely, before the engine allocates a receive buffer for them."""
+    if not len(req.names) == len(req.dtypes) == len(req.shapes):
+        raise ApiError(400, "bad_request", f"names, dtypes and shapes differ in length "
+                                           f"({len(req.names)}, {len(req.dtypes)}, {len(req.shapes)})")
+    total = 0
+    for i, (dtype, shape) in enumerate(zip(req.dtypes, req.shapes)):
+        d = getattr(torch, str(dtype).removeprefix("torch."), None)
+        if not isinstance(d, torch.dtype):
+            raise ApiError(400, "bad_request", f"dtypes[{i}]: {dtype!r} is not a torch dtype")
+        if any(n < 0 for n in shape):
+            raise ApiError(400, "bad_request", f"shapes[{i}]: {shape} has a negative dimension")
+        total += math.prod(shape) * d.itemsize
+        if total > MAX_ANNOUNCED_BYTES:
+            raise ApiError(400, "bad_request", f"shapes[{i}]: {shape} takes the announced update past "
+                                               f"{MAX_ANNOUNCED_BYTES} bytes")

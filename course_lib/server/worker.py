@@ -8,6 +8,12 @@ of the engine) and await its future. The loop runs every queued command, then on
 A command may block the thread for a long time (``update_weights_from_distributed`` waits
 for the trainer's broadcast); generation simply waits with it, and the HTTP event loop
 stays free because handlers await futures instead of blocking.
+
+A step that raises never stops the loop: the requests it ran end with finish_reason
+``{"type": "error", "message"}`` and everything else keeps being served. A batch is queued
+all or nothing, and a cancelled batch (its client disconnected) is aborted. Ending single
+requests uses the scheduler's ``finish`` and the engine's output shape directly, because
+the engine has no public per-request abort yet.
 """
 from __future__ import annotations
 
@@ -57,6 +63,8 @@ class EngineWorker:
         self._waiting: dict[str, _Batch] = {}  # request id -> the batch waiting for it
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self.error: str | None = None  # set if the loop itself died (a bug): health reports it
+        self.step_errors = 0              # steps that failed and ended their requests (see _contain)
+        self.last_step_error: str | None = None
 
     # ---- any thread --------------------------------------------------------------------
     def start(self) -> "EngineWorker":
@@ -92,34 +100,56 @@ class EngineWorker:
     def generate(self, items: list, key: str, params: list, return_logprob: list | None = None
                  ) -> concurrent.futures.Future:
         """Queue one request per item (``key`` is "prompt" or "input_ids"); the future
-        resolves with their outputs in order once every one has finished."""
+        resolves with their outputs in order once every one has finished. Cancelling the
+        future (its HTTP client went away) aborts whichever of its requests still run."""
         flags = return_logprob or [False] * len(items)
         done: concurrent.futures.Future = concurrent.futures.Future()
+        queued: list[str] = []
 
         def add(engine):
-            rids = []
+            if done.cancelled():
+                return
             try:
                 for item, p, flag in zip(items, params, flags):
-                    rids.append(engine.add_request(**{key: item}, sampling_params=p, return_logprob=flag))
+                    queued.append(engine.add_request(**{key: item}, sampling_params=p, return_logprob=flag))
             except BaseException:
-                # Requests already queued still run to the end; nobody waits for their outputs.
-                for rid in rids:
-                    self._waiting[rid] = _Batch([rid], concurrent.futures.Future())
+                # All or nothing: the ones already queued are taken back out.
+                self._end(queued, {"type": "abort", "message": "another request of its batch was refused"})
                 raise
-            batch = _Batch(rids, done)
-            for rid in rids:
+            batch = _Batch(list(queued), done)
+            for rid in queued:
                 self._waiting[rid] = batch
 
-        def refused(queued: concurrent.futures.Future) -> None:
-            if not queued.cancelled() and queued.exception() is not None:
-                settle(done, error=queued.exception())
+        def refused(queued_future: concurrent.futures.Future) -> None:
+            if not queued_future.cancelled() and queued_future.exception() is not None:
+                settle(done, error=queued_future.exception())
+
+        def abandoned(future: concurrent.futures.Future) -> None:
+            if future.cancelled():  # runs after add (commands run in order), so queued is final
+                self.submit(lambda e: self._deliver(self._end(queued, {"type": "abort",
+                                                                      "message": "the client went away"})))
 
         self.submit(add).add_done_callback(refused)
+        done.add_done_callback(abandoned)
         return done
 
     async def generate_async(self, items: list, key: str, params: list, return_logprob: list | None = None
                              ) -> list[dict]:
         return await asyncio.wrap_future(self.generate(items, key, params, return_logprob))
+
+    def _end(self, rids: list[str], reason: dict) -> list[dict]:
+        """Finish these requests now (engine thread) with ``reason``; returns their outputs.
+        Requests that already finished are skipped."""
+        # The engine has no public call that ends one request; this uses the scheduler's
+        # finish and the engine's own output shape (see the module docstring).
+        e, outputs = self.engine, []
+        for rid in rids:
+            seq = e.requests.get(rid)
+            if seq is None:
+                continue
+            e.scheduler.finish(seq, reason)
+            outputs.append(e._output(seq))
+        return outputs
 
     # ---- the engine thread -------------------------------------------------------------
     def _steppable(self) -> bool:
@@ -174,15 +204,36 @@ class EngineWorker:
         if self.engine.unhealthy:
             self._fail_waiters(from_engine_exception(RuntimeError(self.engine.unhealthy), self.engine))
             return
+        before = {seq.rid for seq in self.engine.scheduler.running}
         try:
             outputs = self.engine.step()
-        except Exception as exc:  # noqa: BLE001
-            self._fail_waiters(from_engine_exception(exc, self.engine))
-            return
+        except Exception as exc:  # noqa: BLE001 - contained: see _contain
+            if self.engine.unhealthy:
+                self._fail_waiters(from_engine_exception(exc, self.engine))
+                return
+            outputs = self._contain(exc, before)
+        self._deliver(outputs)
+
+    def _deliver(self, outputs: list[dict]) -> None:
         for out in outputs:
             batch = self._waiting.pop(out["rid"], None)  # None: a duplicate, or nobody waits
             if batch is not None:
                 batch.deliver(out)
+
+    def _contain(self, exc: Exception, before: set[str]) -> list[dict]:
+        """A step failed (say NaN logits from NaN weights): end the requests it was running
+        with finish_reason ``error``, so the next step does not fail the same way forever,
+        and keep serving everyone else. The step's batch is the requests a prefill admitted
+        (running now, not before), or else every running request (a decode step)."""
+        running = list(self.engine.scheduler.running)
+        batch = [seq.rid for seq in running if seq.rid not in before] or [seq.rid for seq in running]
+        if not batch:  # nothing ran, yet the step failed: end everything queued, never spin
+            batch = list(self.engine.requests)
+        message = f"{type(exc).__name__}: {exc}"
+        self.step_errors += 1
+        self.last_step_error = message
+        log.error("engine step failed; ending its %d requests", len(batch), exc_info=exc)
+        return self._end(batch, {"type": "error", "message": message})
 
     def _fail_waiters(self, error: ApiError) -> None:
         for batch in set(self._waiting.values()):

@@ -88,16 +88,39 @@ def pack(named_tensors, out: torch.Tensor | None = None, device=None) -> dict:
     return {"flattened_tensor": out[:need] if need < out.numel() else out, "metadata": meta}
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def _check_fields(m) -> None:
+    """Every metadata field of the type it claims (a payload may carry anything), so the
+    checks on its values below cannot be fooled by bools, floats or negative sizes."""
+    if not isinstance(m, FlattenedTensorMetadata):
+        raise BucketError(f"metadata entries must be FlattenedTensorMetadata, got {type(m).__name__}")
+    if not isinstance(m.name, str):
+        raise BucketError(f"metadata name {m.name!r} is not a string")
+    if not isinstance(m.shape, (tuple, list)) or not all(type(d) is int and d >= 0 for d in m.shape):
+        raise BucketError(f"{m.name}: shape {m.shape!r} is not a tuple of non-negative integers")
+    for field in ("start_idx", "end_idx", "numel"):
+        value = getattr(m, field)
+        if type(value) is not int:  # ranges are checked against the buffer below
+            raise BucketError(f"{m.name}: {field} {value!r} is not an integer")
+    if not isinstance(m.dtype, torch.dtype):
+        raise BucketError(f"{m.name}: dtype {m.dtype!r} is not a torch dtype")
+
+
 def validate(flat: torch.Tensor, metadata) -> None:
     """Check every entry fits the buffer and agrees with itself; raise BucketError naming it."""
     if not isinstance(flat, torch.Tensor) or flat.dim() != 1:
         raise BucketError("flattened_tensor must be a 1-D tensor")
+    if flat.device.type not in DEVICES:
+        raise BucketError(f"flattened_tensor is on device {flat.device.type!r}; only {DEVICES} are accepted")
+    if not isinstance(metadata, (list, tuple)):
+        raise BucketError(f"metadata must be a list, got {type(metadata).__name__}")
     n = flat.numel()
     byte_layout = flat.dtype == torch.uint8
     for m in metadata:
-        if not isinstance(m.dtype, torch.dtype):
-            raise BucketError(f"{m.name}: dtype {m.dtype!r} is not a torch dtype")
-        if _numel(m.shape) != m.numel or m.numel < 0:
+        _check_fields(m)
+        if _numel(m.shape) != m.numel:
             raise BucketError(f"{m.name}: numel {m.numel} does not match shape {tuple(m.shape)}")
         if not (0 <= m.start_idx <= m.end_idx <= n):
             raise BucketError(f"{m.name}: offsets [{m.start_idx}, {m.end_idx}) overrun the buffer of {n} elements")

@@ -10,6 +10,7 @@ allocate a receive buffer of the right size.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from datetime import timedelta
@@ -21,6 +22,15 @@ import torch.distributed as dist
 from course_lib.weights import bucket
 
 DEFAULT_BUCKET_BYTES = 64 << 20
+CONNECT_TIMEOUT_S = 30.0  # joining a group: reaching the store and every rank's rendezvous
+
+
+def connect_timeout_s() -> float:
+    """How long joining a group may take: COURSE_LIB_GROUP_CONNECT_TIMEOUT_S, else CONNECT_TIMEOUT_S.
+    Short on purpose: an engine joins on its serving thread, and a closed port or a trainer
+    that never comes must not stall generation for the collective timeout (300 s)."""
+    value = os.environ.get("COURSE_LIB_GROUP_CONNECT_TIMEOUT_S")
+    return float(value) if value else CONNECT_TIMEOUT_S
 
 
 def free_port() -> int:
@@ -31,24 +41,30 @@ def free_port() -> int:
 
 
 def new_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-              backend: str, timeout_s: float = 300.0):
-    """A process group of its own, rendezvousing through a TCP store hosted by rank 0."""
+              backend: str, timeout_s: float = 300.0, connect_timeout: float | None = None):
+    """A process group of its own, rendezvousing through a TCP store hosted by rank 0.
+    ``connect_timeout`` (default ``connect_timeout_s()``) bounds the join; ``timeout_s``
+    bounds each collective and store call once joined."""
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world_size {world_size}")
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0),
-                          timeout=timeout, wait_for_workers=False)
-    store = dist.PrefixStore(group_name, store)
+    joining = timedelta(seconds=min(timeout_s, connect_timeout or connect_timeout_s()))
+    tcp = dist.TCPStore(master_address, int(master_port), world_size, is_master=(rank == 0),
+                        timeout=joining, wait_for_workers=False)
+    store = dist.PrefixStore(group_name, tcp)
     if backend == "gloo":
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_default_device()]
-        return dist.ProcessGroupGloo(store, rank, world_size, opts), store
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    return dist.ProcessGroupNCCL(store, rank, world_size, opts), store
+        group = dist.ProcessGroupGloo(store, rank, world_size, opts)
+    else:
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        group = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+    tcp.set_timeout(timeout)  # joined: later store calls (NCCL's lazy set-up) get the full timeout
+    return group, store
 
 
 def broadcast_async(group, tensor: torch.Tensor, root: int = 0):
