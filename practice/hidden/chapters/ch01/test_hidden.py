@@ -184,6 +184,10 @@ def test_tp_slice_random_shapes_every_rank(rng):
                 where("the slice is a copy; it should be a view of the checkpoint tensor")
             parts.append(got)
         assert torch.equal(torch.cat(parts, dim), full), where("the ranks' slices do not put the tensor back together")
+    full = torch.randn(4, 6)  # columns of a row-major tensor: a view, never a contiguous copy
+    got = RowParallelLinear(6, 4, tp_rank=1, tp_size=2)._shard(full, 1)
+    assert got.untyped_storage().data_ptr() == full.untyped_storage().data_ptr(), \
+        where("the column slice is a copy; it should be a view of the checkpoint tensor")
     for tp, n in [(2, 5), (4, 6), (3, 4)]:
         with pytest.raises(ValueError):
             ColumnParallelLinear(4, 4 * tp, tp_rank=0, tp_size=tp)._shard(torch.randn(n, 3), 0)
