@@ -3,10 +3,14 @@
 ``scripts/release.py`` builds the student edition (nbgrader generate_assignment, the
 judge's release of practice/, the library) and records the assignment in a throwaway
 gradebook. Three submissions are autograded: the source notebook (solutions in place:
-full marks), the untouched student notebook (zero on every graded cell, and no other cell
-fails), and answers that pass the visible checks but not the hidden ones. Feedback is
-generated and must show no hidden test's source. The hidden checks themselves must pass
-the reference answers and catch plausible wrong ones.
+full marks), the untouched student notebook (zero on the warm-up it answers in the notebook,
+and no other cell fails), and answers that pass the visible checks but not the hidden ones.
+Feedback is generated and must show no hidden test's source. The hidden checks themselves
+must pass the reference answers and catch plausible wrong ones.
+
+The chapter's other graded cells grade the parts written inside ``course_lib`` (its
+exercise regions) in whatever course_lib the kernel imports; here that is this checkout's
+complete one, so they score full marks in every submission.
 """
 from __future__ import annotations
 
@@ -58,10 +62,9 @@ def with_answers(notebook: Path, answers: dict[str, str]) -> dict:
     return nb
 
 
-# Plausible answers that pass every visible check: the prediction forgets block_size
+# A plausible answer that passes every visible check: the prediction forgets block_size
 # (every visible example uses blocks of 4).
 PARTLY_WRONG = {
-    "block_hash": "def block_hash(prev_hash, token_ids):\n    return hash((prev_hash, tuple(token_ids)))\n",
     "predict_cached_tokens": (
         "def predict_cached_tokens(prompt, earlier_prompts, block_size):\n"
         "    best = 0\n"
@@ -126,15 +129,18 @@ def test_reference_submission_gets_full_marks(course):
 
 def test_untouched_student_notebook_gets_zero_and_only_exercises_fail(course):
     got = grades(course, "untouched")
-    assert got and all(score == 0 for score, _ in got.values()), got
+    assert got["test_predict_cached_tokens"] == (0, 1), got
+    in_course_lib = {g for g in got if g != "test_predict_cached_tokens"}
+    assert in_course_lib and all(got[g][0] == got[g][1] > 0 for g in in_course_lib), \
+        f"the course_lib parts are graded in the complete course_lib here: {got}"
     failed = {c["metadata"].get("nbgrader", {}).get("grade_id") for c in autograded_cells(course, "untouched")
               if any(o["output_type"] == "error" for o in c.get("outputs", []))}
-    assert failed == set(got), f"cells that failed: {failed}; graded cells: {set(got)}"
+    assert failed == {"test_predict_cached_tokens"}, f"cells that failed: {failed}"
 
 
 def test_hidden_tests_catch_what_the_visible_checks_miss(course):
     got = grades(course, "partly_wrong")
-    assert got["test_block_hash"] == (2, 2) and got["test_predict_cached_tokens"] == (0, 2), got
+    assert got["test_block_hash"] == (2, 2) and got["test_predict_cached_tokens"] == (0, 1), got
     cell = next(c for c in autograded_cells(course, "partly_wrong")
                 if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_predict_cached_tokens")
     text = json.dumps(cell["outputs"])
@@ -167,7 +173,7 @@ def test_leak_check_can_fail(course, tmp_path):
     shutil.copy(REPO / "notebooks" / f"{CHAPTER}.ipynb", fake / "notebooks")  # the instructor's copy
     shutil.copytree(HIDDEN / "chapters", fake / "extra", ignore=shutil.ignore_patterns("__pycache__"))
     found = "\n".join(release.leaks(fake))
-    assert "BEGIN SOLUTION" in found and "return hash((prev_hash, tuple(token_ids)))" in found
+    assert "BEGIN SOLUTION" in found and "longest = max(longest, n)" in found
     assert "extra/ch01_the_engine.py: contains a line" in found
 
 
@@ -187,18 +193,35 @@ def test_hidden_checks_pass_the_reference_and_catch_wrong_answers():
         for name in [m for m in sys.modules if m == "chapters" or m.startswith("chapters.")]:
             del sys.modules[name]
     ns: dict = {}
-    exec(PARTLY_WRONG["block_hash"] + PARTLY_WRONG["predict_cached_tokens"], ns)
-    exec("def no_chain(prev_hash, token_ids):\n    return hash(tuple(token_ids))\n", ns)
+    exec(PARTLY_WRONG["predict_cached_tokens"], ns)
     reference = {}
     for cell in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]:
         if cell["metadata"].get("nbgrader", {}).get("solution"):
             exec("".join(cell["source"]), reference)
-    assert hidden.check_block_hash(reference["block_hash"]) == []
     assert hidden.check_predict_cached_tokens(reference["predict_cached_tokens"]) == []
-    assert hidden.check_block_hash(ns["no_chain"]), "a hash that ignores the prefix must fail"
     assert hidden.check_predict_cached_tokens(ns["predict_cached_tokens"]), "ignoring block_size must fail"
     latest_only = lambda prompt, earlier, bs: reference["predict_cached_tokens"](prompt, earlier[-1:], bs)  # noqa: E731
     assert hidden.check_predict_cached_tokens(latest_only), "comparing with the latest prompt only must fail"
+
+
+def test_check_exercise_runs_the_chapters_hidden_tests_on_the_imported_course_lib(monkeypatch):
+    """The graded cells' hidden check: passes this course_lib's block hash, fails a hash
+    without the chain, and counts an exercise with no case as a failure, never a pass."""
+    from course_lib.engine.block_manager import BlockManager
+
+    sys.path.insert(0, str(HIDDEN))
+    try:
+        from chapters import ch01_the_engine as hidden
+    finally:
+        sys.path.remove(str(HIDDEN))
+        for name in [m for m in sys.modules if m == "chapters" or m.startswith("chapters.")]:
+            del sys.modules[name]
+    assert hidden.check_exercise("ch01.block_hash") == []
+    assert hidden.check_exercise("ch01.no_such_part") == ["no hidden case of ch01.no_such_part ran (pytest exit code 5)"]
+    monkeypatch.setattr(BlockManager, "compute_hash", lambda self, token_ids, prefix: hash((self.salt, tuple(token_ids))))
+    failures = hidden.check_exercise("ch01.block_hash")
+    assert any("after a different prefix" in f or "hashes the same after" in f for f in failures), failures
+    assert not any("assert bm.compute_hash" in f for f in failures), "a failure message shows test source"
 
 
 def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
@@ -207,11 +230,11 @@ def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("")
     (stub / "ch01_the_engine.py").write_text(
-        "def check_block_hash(fn):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + fn.__name__]\n")
+        "def check_exercise(exercise_id):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + exercise_id]\n")
     cell = next("".join(c["source"]) for c in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]
                 if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_block_hash")
     hidden_part = cell[cell.index("### BEGIN HIDDEN TESTS"):]
-    program = "def block_hash(prev_hash, token_ids):\n    return 0\n" + hidden_part
+    program = hidden_part
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COURSE_HIDDEN_DIR": str(tmp_path / "hidden")}, cwd=tmp_path)
-    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with block_hash" in run.stderr, run.stderr
+    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with ch01.block_hash" in run.stderr, run.stderr

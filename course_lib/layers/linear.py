@@ -73,21 +73,53 @@ class LinearBase(nn.Module):
         return 0, self.out_features
 
     def local_loader(self, param, local: torch.Tensor, shard_id=None) -> None:
-        """Copy this rank's slice of checkpoint shard ``shard_id`` (already cut for this
-        rank) in place into its rows of ``param``; a wrong shape is refused before the copy."""
+        """Copy this rank's part of checkpoint shard ``shard_id`` in place into its rows of ``param``.
+
+        ``param``: this layer's weight (a Parameter, or the plain tensor a quantized layer
+        stages into), shape [rows of all shards on this rank, in_per_rank]; it may carry a
+        ``param_name`` attribute for messages. ``local``: the shard already cut for this
+        rank, which must have exactly the shape of the rows ``self.shard_rows(shard_id)``
+        names: (first row, number of rows) along dim 0. ``shard_id``: None for a plain
+        layer, ``"q"``/``"k"``/``"v"`` or 0/1 for fused ones.
+
+        Promises: those rows of ``param`` now equal ``local`` (the dtype converted as
+        ``copy_`` does) and no other row changes; ``param``'s storage never moves (no new
+        tensor is bound to it: captured CUDA graphs keep reading the same address).
+        Errors: a ``local`` whose shape is not exactly the rows' shape (even one that
+        would broadcast, or has the right number of elements) raises ValueError naming
+        the parameter, the shard and both shapes, and nothing is written.
+        """
+        # BEGIN EXERCISE ch01.local_loader
         offset, rows = self.shard_rows(shard_id)
-        dest = param.data.narrow(0, offset, rows)
+        dest = param.data.narrow(0, offset, rows)  # a view: writing it writes param's own memory
         name = getattr(param, "param_name", "weight")
         what = name if shard_id is None else f"{name}[{shard_id}]"
         if tuple(local.shape) != tuple(dest.shape):
             raise ValueError(f"{what}: this rank's shard has shape {tuple(local.shape)}, rows "
                              f"{offset}:{offset + rows} expect {tuple(dest.shape)}")
         dest.copy_(local)
+        # END EXERCISE
 
     def _shard(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's slice of a full checkpoint tensor along ``dim``."""
-        size = loaded.shape[dim] // self.tp_size
+        """This rank's slice of a full checkpoint tensor along ``dim``.
+
+        ``loaded``: the whole tensor, as the checkpoint holds it; ``dim``: the dimension
+        this layer splits (0: output rows, 1: input columns). Of ``self.tp_size`` equal,
+        consecutive blocks along ``dim``, rank ``self.tp_rank`` keeps block number
+        ``tp_rank``: indices [tp_rank * n / tp_size, (tp_rank + 1) * n / tp_size).
+
+        Promises: a view of ``loaded`` (no copy: it shares ``loaded``'s storage), every
+        other dimension whole. Errors: ValueError when ``loaded.shape[dim]`` is not
+        divisible by ``tp_size``.
+        """
+        # BEGIN EXERCISE ch01.tp_slice
+        n = loaded.shape[dim]
+        if n % self.tp_size:
+            raise ValueError(f"dimension {dim} of a tensor of shape {tuple(loaded.shape)} does not split "
+                             f"into {self.tp_size} equal parts")
+        size = n // self.tp_size
         return loaded.narrow(dim, self.tp_rank * size, size)
+        # END EXERCISE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x)
@@ -141,8 +173,22 @@ class MergedColumnParallelLinear(LinearBase):
         super().__init__(in_features, sum(output_sizes) // tp_size, tp_rank, tp_size, 0, quant_method)
 
     def shard_rows(self, shard_id: int) -> tuple[int, int]:
-        """Output ``shard_id`` (0: gate, 1: up) sits after the earlier outputs' rows."""
-        return sum(self.output_sizes[:shard_id]) // self.tp_size, self.output_sizes[shard_id] // self.tp_size
+        """Where output ``shard_id`` lands in this rank's fused weight: (first row, rows).
+
+        ``self.output_sizes`` holds each output's full (checkpoint) row count, in stacking
+        order (for the MLP: [gate, up], so shard 0 is gate and 1 is up); each output is
+        split evenly over ``self.tp_size`` ranks, and a rank stacks its part of every
+        output in that order. So output ``shard_id`` starts after this rank's parts of
+        the outputs before it. The answer is the same on every rank.
+        Errors: a ``shard_id`` that is not an index into ``output_sizes`` raises ValueError.
+        """
+        # BEGIN EXERCISE ch01.gate_up_rows
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"this layer stacks {len(self.output_sizes)} outputs; "
+                             f"shard id {shard_id!r} is not one of them")
+        first = sum(size // self.tp_size for size in self.output_sizes[:shard_id])
+        return first, self.output_sizes[shard_id] // self.tp_size
+        # END EXERCISE
 
     def weight_loader(self, param, loaded, shard_id: int):
         """Check gate (0) or up (1) in full, keep this rank's rows, put them in their place."""
@@ -157,19 +203,40 @@ class QKVParallelLinear(LinearBase):
 
     def __init__(self, hidden_size, head_dim, num_heads, num_kv_heads, tp_rank=0, tp_size=1,
                  quant_method=None):
-        self.head_dim = head_dim
-        self.num_heads = divide(num_heads, tp_size, "num_attention_heads")
-        self.num_kv_heads = divide(num_kv_heads, tp_size, "num_key_value_heads")
-        self.full_sizes = {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim}
-        q, kv = self.num_heads * head_dim, self.num_kv_heads * head_dim
-        self.offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
-        super().__init__(hidden_size, q + 2 * kv, tp_rank, tp_size, 0, quant_method)
+        # The checkpoint's totals; each rank holds num_heads / tp_size of them (see shard_rows).
+        self.head_dim, self.total_num_heads, self.total_num_kv_heads = head_dim, num_heads, num_kv_heads
+        divide(num_heads, tp_size, "num_attention_heads")
+        divide(num_kv_heads, tp_size, "num_key_value_heads")
+        super().__init__(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim // tp_size, tp_rank, tp_size, 0,
+                         quant_method)
 
     def shard_rows(self, shard_id: str) -> tuple[int, int]:
-        """This rank's q heads first, then its k heads, then its v heads."""
-        return self.offsets[shard_id]
+        """Where ``shard_id`` ("q", "k" or "v") lands in this rank's fused weight: (first row, rows).
+
+        Inputs on the layer: ``self.total_num_heads`` query heads and
+        ``self.total_num_kv_heads`` key/value heads in the checkpoint (fewer kv heads than
+        q heads under grouped-query attention, one under multi-query), ``self.head_dim``
+        rows per head, ``self.tp_size`` ranks that split the heads evenly. This rank's
+        weight stacks its q heads first, then its k heads, then its v heads; k and v have
+        one head_dim of rows per kv head. The answer is the same on every rank.
+        Errors: any other ``shard_id`` raises ValueError.
+        """
+        # BEGIN EXERCISE ch01.qkv_rows
+        q_rows = self.total_num_heads // self.tp_size * self.head_dim
+        kv_rows = self.total_num_kv_heads // self.tp_size * self.head_dim
+        if shard_id == "q":
+            return 0, q_rows
+        if shard_id == "k":
+            return q_rows, kv_rows
+        if shard_id == "v":
+            return q_rows + kv_rows, kv_rows
+        raise ValueError(f"qkv_proj stacks the shards 'q', 'k' and 'v'; {shard_id!r} is not one of them")
+        # END EXERCISE
 
     def weight_loader(self, param, loaded, shard_id: str):
         """Check q, k or v in full, keep this rank's heads, put them in their place."""
-        check_shape(f"{param.param_name}[{shard_id}]", loaded, (self.full_sizes[shard_id], self.in_features))
+        if shard_id not in self.shard_ids:
+            raise ValueError(f"{param.param_name}: shard id {shard_id!r} is not one of {self.shard_ids}")
+        heads = self.total_num_heads if shard_id == "q" else self.total_num_kv_heads
+        check_shape(f"{param.param_name}[{shard_id}]", loaded, (heads * self.head_dim, self.in_features))
         self.local_loader(param, self._shard(loaded, 0), shard_id)

@@ -59,7 +59,8 @@ class Qwen3Attention(nn.Module):
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
                                           config.num_key_value_heads, tp_rank, tp_size, quant_method)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        # This rank's heads (the layer above has refused counts that tp_size does not divide).
+        self.num_heads, self.num_kv_heads = config.num_attention_heads // tp_size, config.num_key_value_heads // tp_size
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, tp_rank, tp_size,
                                         quant_method)

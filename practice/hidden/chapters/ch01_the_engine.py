@@ -1,11 +1,13 @@
-"""Hidden tests for notebooks/01_the_engine.ipynb: the learner's code inside the real engine.
+"""Hidden checks behind notebooks/01_the_engine.ipynb's graded cells.
 
-``check_block_hash(block_hash)``: the learner's chained hash replaces the hash of a live
-``BlockManager``; every output must equal an engine with no prefix cache, and the cache
-must reuse exactly the tokens the engine's own hash reuses.
+``check_exercise(exercise_id)``: the chapter's hidden tests for one exercise the learner
+wrote inside ``course_lib`` (``practice/hidden/chapters/ch01/test_hidden.py``, the same
+cases ``python practice/judge.py test ch01`` runs), against the course_lib the notebook
+imported.
 
-``check_predict_cached_tokens(predict)``: the learner predicts how many prompt tokens the
-prefix cache will serve; the real engine serves the same prompts and reports the truth.
+``check_predict_cached_tokens(predict)``: the warm-up; the learner predicts how many
+prompt tokens the prefix cache will serve; the real engine serves the same prompts and
+reports the truth.
 
 Both return a list of failure messages (empty: passed); see ``__init__.py`` for why.
 """
@@ -14,18 +16,12 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from pathlib import Path
 
 from course_lib import Engine
 from course_lib.weights.checkpoint import make_random
 
 GREEDY = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-
-
-def plug_block_hash(engine: Engine, block_hash) -> Engine:
-    """Make ``engine``'s block manager chain block hashes with ``block_hash(prev_hash, token_ids)``."""
-    bm = engine.block_manager
-    bm.compute_hash = lambda token_ids, prefix: hash((bm.salt, block_hash(prefix, list(token_ids))))
-    return engine
 
 
 def _rng(seed) -> random.Random:
@@ -37,52 +33,52 @@ def _serve_one_by_one(engine: Engine, prompts, params) -> list[dict]:
     return [engine.generate(input_ids=[list(p)], sampling_params=params)[0] for p in prompts]
 
 
-def _block_hash_prompts(rng: random.Random, bs: int) -> list[list[int]]:
-    def tokens(n):
-        return [rng.randrange(256) for _ in range(n)]
+class _Outcomes:
+    """A pytest plugin that keeps each case's outcome and its error's message (never the source)."""
 
-    def tail():
-        return tokens(rng.randint(1, bs - 1))
+    def __init__(self):
+        self.cases: dict[str, tuple[str, str]] = {}
+        self.messages: dict[str, str] = {}
 
-    x, y = tokens(bs), tokens(bs)
-    z = tokens(bs)
-    while z == x:
-        z = tokens(bs)
-    system = tokens(bs * rng.randint(2, 3))
-    return [
-        x + y + tail(),          # caches x, then y-after-x
-        z + y + tail(),          # the same y block, after a different prefix
-        x + y + tail(),          # may reuse x and y-after-x, never y-after-z
-        z + y + y + tail(),      # the second y sits at another position: never the first y
-        system + tail(),
-        system + tokens(bs) + tail(),
-        system[:bs] + tail(),
-    ]
+    def pytest_runtest_makereport(self, item, call):
+        if call.excinfo is not None and item.nodeid not in self.messages:
+            first = (str(call.excinfo.value).strip().splitlines() or [""])[0]  # the words, not the values diff
+            self.messages[item.nodeid] = f"{call.excinfo.typename}: {first}"
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or report.outcome != "passed":  # keep the worst of setup, call, teardown
+            if self.cases.get(report.nodeid, ("passed",))[0] == "passed":
+                self.cases[report.nodeid] = (report.outcome, self.messages.get(report.nodeid, ""))
 
 
-def check_block_hash(block_hash, seed=None) -> list[str]:
-    """Failures of ``block_hash(prev_hash, token_ids) -> int`` plugged into a live engine."""
-    rng = _rng(seed)
-    failures = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = make_random(tmp, "tiny", seed=rng.randrange(10_000))
-        for bs in (4, 8):
-            prompts = _block_hash_prompts(rng, bs)
-            try:  # the candidate first
-                got = _serve_one_by_one(plug_block_hash(Engine(path, block_size=bs), block_hash), prompts, GREEDY)
-            except Exception as exc:  # report, do not raise: see __init__.py
-                return [f"the engine failed while using your block_hash: {type(exc).__name__}: {exc}"]
-            ref = _serve_one_by_one(Engine(path, block_size=bs), prompts, GREEDY)
-            cold = _serve_one_by_one(Engine(path, block_size=bs, enable_prefix_caching=False), prompts, GREEDY)
-            for i, (p, g, r, c) in enumerate(zip(prompts, got, ref, cold), 1):
-                where = f"block size {bs}, request {i} of {len(prompts)} ({len(p)} tokens)"
-                if g["output_ids"] != c["output_ids"]:
-                    failures.append(f"{where}: the output differs from an engine with no prefix cache, "
-                                    f"so it reused KV that was computed after a different prefix")
-                hit, want = g["meta_info"]["cached_tokens"], r["meta_info"]["cached_tokens"]
-                if hit != want:
-                    failures.append(f"{where}: the cache served {hit} prompt tokens with your hash; "
-                                    f"it should serve {want}")
+def check_exercise(exercise_id: str) -> list[str]:
+    """Failures of the hidden tests of ``exercise_id`` (``ch01.qkv_rows``, ...) run in this
+    process against the course_lib it imported (the learner's). A case that did not run
+    (skipped, or none collected) is a failure: nothing unrun counts as passed."""
+    import contextlib
+    import io
+
+    import pytest
+
+    name = exercise_id.split(".", 1)[1]
+    tests = Path(__file__).resolve().parent / "ch01" / "test_hidden.py"
+    plugin = _Outcomes()
+    autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the hidden tests need no third-party plugin
+    try:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+            code = pytest.main([str(tests), "-q", "--tb=no", "-k", f"test_{name}", "-p", "no:cacheprovider",
+                                "--import-mode=importlib", "--capture=sys", "--basetemp", tmp,
+                                "-W", "ignore::pytest.PytestUnknownMarkWarning"], plugins=[plugin])
+    finally:
+        if autoload is None:
+            del os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
+    failures = [f"{nodeid.rsplit('::', 1)[-1]}: {outcome}{' - ' + message if message else ''}"
+                for nodeid, (outcome, message) in plugin.cases.items() if outcome != "passed"]
+    if not plugin.cases:
+        failures.append(f"no hidden case of {exercise_id} ran (pytest exit code {int(code)})")
     return failures
 
 
