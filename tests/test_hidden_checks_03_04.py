@@ -1,4 +1,4 @@
-"""The hidden checks of chapters 03 and 04 pass the notebooks' own answers and catch plausible
+"""The hidden checks of chapter 04 pass the notebooks' own answers and catch plausible
 wrong ones (each wrong answer is the reference answer with one mistake the chapter warns about)."""
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "practice" / "hidden"))
 
-from chapters.ch03_checkpoint_vs_kernel_format import check_layerwise_peak, check_requantize_in_place  # noqa: E402
 from chapters.ch04_cuda_graphs_remember_addresses import check_fixed_updater, check_keeps_address  # noqa: E402
 
-CH03, CH04 = "03_checkpoint_vs_kernel_format.ipynb", "04_cuda_graphs_remember_addresses.ipynb"
+CH04 = "04_cuda_graphs_remember_addresses.ipynb"
 
 
 def cell_source(notebook: str, grade_id: str | None = None, contains: str | None = None) -> str:
@@ -38,47 +37,6 @@ def define(source: str, name: str, replace: tuple[str, str] | None = None, names
     namespace = {"torch": torch, **(namespace or {})}
     exec(compile(source, f"<{name}>", "exec"), namespace)
     return namespace[name]
-
-
-REQUANT = cell_source(CH03, "requantize")
-REQUANT_WRONG = {
-    "rebinds the kernel tensors": ("layer.qweight.copy_(torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))",
-                                   "layer.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)"),
-    "copies floats into int8": ("layer.qweight.copy_(torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))",
-                                "layer.qweight.copy_(w)"),
-    "leaves the old scales": ("    layer.weight_scale.copy_(scale)\n", ""),
-    "zero rows get scale 0": ("torch.where(amax > 0, amax / 127, torch.ones_like(amax))", "amax / 127"),
-    "rounds halves away from zero": ("torch.round(w / scale[:, None])",
-                                     "(torch.sign(w / scale[:, None]) * torch.floor((w / scale[:, None]).abs() + 0.5))"),
-}
-
-
-def test_requantize_reference_passes():
-    assert check_requantize_in_place(define(REQUANT, "requantize")) == []
-
-
-@pytest.mark.parametrize("mistake", list(REQUANT_WRONG))
-def test_requantize_wrong_answers_fail(mistake):
-    assert check_requantize_in_place(define(REQUANT, "requantize", REQUANT_WRONG[mistake])), mistake
-
-
-PEAK = cell_source(CH03, "layerwise_peak_bytes")
-PEAK_WRONG = {
-    "forgets the staging buffers": ("    if quantization is not None:\n", "    if False:\n"),
-    "forgets the embedding": ("return max(decoder, v * h * per_value)", "return decoder"),
-    "stages in the checkpoint dtype": ("decoder += linear * 4", "decoder += linear * per_value"),
-}
-
-
-def test_layerwise_peak_reference_passes():
-    assert check_layerwise_peak(define(PEAK, "layerwise_peak_bytes")) == []
-
-
-@pytest.mark.parametrize("mistake", list(PEAK_WRONG))
-def test_layerwise_peak_wrong_answers_fail(mistake):
-    # Several random draws: a mistake may not show on every config (e.g. float32 checkpoints only).
-    assert any(check_layerwise_peak(define(PEAK, "layerwise_peak_bytes", PEAK_WRONG[mistake]), seed=s)
-               for s in range(4)), mistake
 
 
 FUSED_ROWS = cell_source(CH04, contains="def fused_rows")

@@ -67,9 +67,24 @@ def test_notebook_is_an_nbgrader_source(path):
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     assert "%matplotlib inline" in "".join(src for _, src, _ in cells)
 
+    # One source of truth: chapters never paste a copy of engine code.
+    code = "\n".join(src for c, src, _ in cells if c["cell_type"] == "code")
+    assert not re.search(r"^class \w+\((nn\.Module|torch\.nn\.Module)\)", code, re.M), "engine code pasted"
+
     graded = [(src, meta) for _, src, meta in cells if meta]
     ids = [meta["grade_id"] for _, meta in graded]
     assert len(ids) == len(set(ids)), f"grade_ids repeat: {ids}"
+    registry = REPO / "practice" / "chapters" / f"ch{path.name[:2]}" / "chapter.json"
+    if registry.is_file():
+        # A chapter whose exercises live in course_lib: no answer cells; one graded cell
+        # per exercise grades it through the chapter's checks, for the points in chapter.json.
+        assert not [m for _, m in graded if m.get("solution")], "exercises live in course_lib, not in answer cells"
+        for ex in json.loads(registry.read_text())["exercises"]:
+            assert re.search(rf"^#+ {re.escape(ex['section'])}$", markdown, re.M), f"no section {ex['section']!r}"
+            cells_for = [m for src, m in graded if m.get("grade") and f'"{ex["id"]}"' in src]
+            assert len(cells_for) == 1, f"one graded cell must grade {ex['id']}"
+            assert cells_for[0]["points"] == ex["points"] and cells_for[0]["locked"], ex["id"]
+        return
     answers = [src for src, meta in graded if meta.get("solution")]
     tests = [(src, meta) for src, meta in graded if meta.get("grade") and not meta.get("solution")]
     assert answers and tests, "a chapter ends with at least one graded exercise"
@@ -84,6 +99,3 @@ def test_notebook_is_an_nbgrader_source(path):
         for module, function in calls:
             source = (REPO / "practice" / "hidden" / "chapters" / f"{module}.py").read_text()
             assert f"def {function}(" in source, f"practice/hidden/chapters/{module}.py lacks {function}"
-    # One source of truth: chapters show engine code with inspect.getsource, never a copy.
-    code = "\n".join(src for c, src, _ in cells if c["cell_type"] == "code")
-    assert not re.search(r"^class \w+\((nn\.Module|torch\.nn\.Module)\)", code, re.M), "engine code pasted"

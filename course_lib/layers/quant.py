@@ -51,16 +51,28 @@ FP8_BLOCK = 128        # DeepSeek-V3 / vLLM block-FP8 block size, in both dimens
 # ---- quantize / dequantize (pure functions: tests and chapters call them directly) -------
 
 def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (qweight int8 [out, in], scale float32 [out]).
+    """Symmetric int8 per output row: the kernel format of ``Int8PerChannel``.
 
-    ``scale = max|row| / 127`` (1 for an all-zero row), ``q = round(w / scale)`` with
-    round-half-to-even, clamped to +-127, so ``|w - q * scale| <= scale / 2``.
+    ``w`` is a 2-D floating-point weight ``[out, in]`` in checkpoint format (any float
+    dtype; ``out`` may be 0). Computed in float32, row by row: ``scale = max|row| / 127``
+    (1 for an all-zero row), ``q = round(w / scale)`` with round-half-to-even (2.5 -> 2,
+    3.5 -> 4, -2.5 -> -2), clamped to [-127, 127], so ``|w - q * scale| <= scale / 2``.
+
+    Returns ``(q, scale)``: ``q`` int8 ``[out, in]`` and ``scale`` float32 ``[out]``, new
+    tensors (``w`` is left as it was). Raises ``ValueError``, naming what was wrong, when
+    ``w`` is not 2-D or holds NaN or infinite values (they would poison the row's scale).
     """
+    # BEGIN EXERCISE ch03.quantize_int8
+    if w.dim() != 2:
+        raise ValueError(f"quantize_int8_per_channel needs a 2-D weight [out, in], got shape {tuple(w.shape)}")
     w = w.float()
+    if not torch.isfinite(w).all():
+        raise ValueError("quantize_int8_per_channel: the weight holds NaN or infinite values")
     amax = w.abs().amax(dim=1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
+    # END EXERCISE
 
 
 def dequantize_int8_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -68,13 +80,27 @@ def dequantize_int8_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.T
 
 
 def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3fn with one scale per ``block x block`` tile: (qweight [out, in],
-    scale float32 [ceil(out/block), ceil(in/block)]).
+    """float8_e4m3fn with one scale per ``block x block`` tile: the kernel format of ``Fp8Block``.
 
-    Partial tiles at the edges are padded with zeros to find their maximum; ``scale =
-    max|tile| / 448`` (1 for an all-zero tile).
+    ``w`` is a 2-D floating-point weight ``[out, in]`` (any float dtype, any size: neither
+    dimension need be a multiple of ``block``; either may be 0). Computed in float32.
+    Tile ``(i, j)`` covers rows ``i*block ...`` and columns ``j*block ...``; tiles at the
+    right and bottom edges are partial (pad them with zeros to find their maximum).
+    Per tile: ``scale = max|tile| / 448`` (448 is the largest finite e4m3fn value; an
+    all-zero tile gets 1), ``q = w / scale`` clamped to [-448, 448] and cast to
+    ``torch.float8_e4m3fn`` (the cast rounds to nearest, ties to even).
+
+    Returns ``(q, scale)``: ``q`` float8_e4m3fn ``[out, in]`` (contiguous, no padding) and
+    ``scale`` float32 ``[ceil(out/block), ceil(in/block)]``, new tensors. Raises
+    ``ValueError``, naming what was wrong, when ``w`` is not 2-D or holds NaN or infinite
+    values.
     """
+    # BEGIN EXERCISE ch03.quantize_fp8
+    if w.dim() != 2:
+        raise ValueError(f"quantize_fp8_block needs a 2-D weight [out, in], got shape {tuple(w.shape)}")
     w = w.float()
+    if not torch.isfinite(w).all():
+        raise ValueError("quantize_fp8_block: the weight holds NaN or infinite values")
     n, k = w.shape
     nb, kb = -(-n // block), -(-k // block)
     padded = F.pad(w, (0, kb * block - k, 0, nb * block - n))
@@ -83,6 +109,7 @@ def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.T
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     q = (tiles / scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.view(nb * block, kb * block)[:n, :k].contiguous(), scale
+    # END EXERCISE
 
 
 def expand_block_scale(scale: torch.Tensor, shape, block: int = FP8_BLOCK) -> torch.Tensor:
@@ -149,12 +176,29 @@ class QuantizedLinearMethod:
         layer.staged_shards.add(shard_id)
 
     def process_weights_after_loading(self, layer) -> None:
+        """Turn ``layer``'s staged float weight into kernel format, in place.
+
+        ``layer.staging`` is the full-precision ``[out, in]`` weight the loaders wrote
+        since the last processing (fused and sliced already), or None when nothing
+        arrived for this layer; ``layer.staged_shards`` is the set of shard ids it
+        received. ``self.quantize(w)`` returns the new ``(q, scale)``.
+
+        Promises: with nothing staged, nothing changes. Otherwise the new values land
+        *in* the existing ``layer.qweight`` and ``layer.weight_scale`` (same storage,
+        shape and dtype: captured CUDA graphs read those addresses, so never rebind
+        them), integers and scales together; afterwards no float copy of the weight is
+        kept (``layer.staging`` is None, ``layer.staged_shards`` empty), so the next
+        update starts clean. An error from ``quantize`` propagates before any kernel
+        tensor changes.
+        """
+        # BEGIN EXERCISE ch03.requantize_in_place
         if layer.staging is None:
             return  # nothing arrived for this layer: its kernel tensors stay as they are
         q, scale = self.quantize(layer.staging)
         layer.qweight.copy_(q)
         layer.weight_scale.copy_(scale)
         layer.staging, layer.staged_shards = None, set()
+        # END EXERCISE
 
     def dequantized_weight(self, layer) -> torch.Tensor:
         """The float weight [out, in] this layer's kernel effectively multiplies by."""

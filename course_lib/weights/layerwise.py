@@ -56,25 +56,52 @@ class LayerwiseReload:
             torch.cuda.reset_peak_memory_stats()
 
     def _hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` more (or, negative, fewer) bytes of buffered tensors; update the peak."""
         self.held_bytes += nbytes
         staged = staged_bytes(self.model) if self._quantized else 0
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes + staged)
 
-    def feed(self, name: str, tensor: torch.Tensor) -> None:
-        key = layer_key(name)
-        if name not in self.remaining.get(key, ()):
-            raise UpdateError(f"{name}: not expected by this update (or sent twice)")
+    def _transfer(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the engine's device (the same tensor when it is there already), timed."""
         t0 = time.perf_counter()
         tensor = tensor.to(self.device, non_blocking=True)
         self.ms["transfer"] += 1e3 * (time.perf_counter() - t0)
+        return tensor
+
+    def feed(self, name: str, tensor: torch.Tensor) -> None:
+        """Take one checkpoint tensor of the update; apply its layer once the layer is complete.
+
+        ``name`` is a checkpoint name (``model.layers.3.mlp.up_proj.weight``), ``tensor``
+        its new value (on any device). ``layer_key(name)`` says which layer it belongs to;
+        ``self.remaining[key]`` holds the names of that layer still to come (every name
+        this update brings, grouped by layer, filled in by ``__init__``), and
+        ``self.buffers`` is where tensors wait, as ``{key: [(name, tensor), ...]}``.
+
+        Promises: a name this update does not expect, or one already fed, raises
+        ``UpdateError`` and changes nothing. The tensor is moved to the engine's device
+        with ``self._transfer`` and held, counted with ``self._hold(nbytes)``, until its
+        layer is complete; then, and never before, ``self._apply(key, tensors)`` writes
+        the whole layer into the model, and the layer's buffers are released (dropped,
+        and counted back with a negative ``self._hold``). So the reload holds about one
+        layer at a time, whatever the model's size.
+        """
+        # BEGIN EXERCISE ch03.layerwise_buffer
+        key = layer_key(name)
+        if name not in self.remaining.get(key, ()):
+            raise UpdateError(f"{name}: not expected by this update (or sent twice)")
+        tensor = self._transfer(tensor)
         self.buffers.setdefault(key, []).append((name, tensor))
         self._hold(tensor.numel() * tensor.element_size())
         self.remaining[key].discard(name)
         if not self.remaining[key]:
-            self._apply(key)
+            tensors = self.buffers.pop(key)
+            self._apply(key, tensors)
+            self._hold(-sum(t.numel() * t.element_size() for _, t in tensors))
+        # END EXERCISE
 
-    def _apply(self, key: str) -> None:
-        tensors = self.buffers.pop(key)
+    def _apply(self, key: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Write one complete layer: refuse non-finite values, run the model's loaders
+        (fusion, slicing, in-place copy) and post-processing (requantization), timed."""
         if self.check_finite:
             check_finite(tensors)
         t0 = time.perf_counter()
@@ -88,8 +115,6 @@ class LayerwiseReload:
         t2 = time.perf_counter()
         self.ms["copy"] += 1e3 * (t1 - t0)
         self.ms["post_process"] += 1e3 * (t2 - t1)
-        self.held_bytes -= sum(t.numel() * t.element_size() for _, t in tensors)
-        del tensors
         self.applied.append(key)
 
     def finish(self) -> dict:

@@ -1,0 +1,421 @@
+"""Hidden tests for chapter 03's exercises: fresh random inputs each run, the real engine.
+
+The quantizers are compared bitwise with oracles written here, tile by tile and row by row,
+on random shapes (tile edges included), exact rounding ties, all-zero rows and tiles, empty
+weights and non-finite values. The requantization runs inside int8 and FP8 engines updated
+hot and compared with cold starts (``assert_hot_equals_cold``, the address audit, no float
+copy left behind). The layer-by-layer buffer is measured from here: which fed tensors are
+still alive (weak references), when each layer's weights change, and what is held when a
+layer is written. Every failure names the seed; nothing here times anything.
+"""
+import gc
+import os
+import random
+import weakref
+
+import pytest
+import torch
+
+from course_lib import Engine
+from course_lib.layers.quant import (FP8_MAX, pending_layers, quantize_fp8_block, quantize_int8_per_channel,
+                                     staged_bytes)
+from course_lib.testing import assert_hot_equals_cold
+from course_lib.weights import layerwise
+from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
+from course_lib.weights.layerwise import LayerwiseReload, layer_key
+from course_lib.weights.update import UpdateError
+
+INT8 = pytest.mark.exercise("ch03.quantize_int8")
+FP8 = pytest.mark.exercise("ch03.quantize_fp8")
+REQUANT = pytest.mark.exercise("ch03.requantize_in_place")
+LAYERWISE = pytest.mark.exercise("ch03.layerwise_buffer")
+SEED = int.from_bytes(os.urandom(4), "little")
+PROMPTS = ["kernel format", "a second prompt, somewhat longer than the first"]
+
+
+@pytest.fixture
+def rng():
+    print(f"seed {SEED}")
+    return random.Random(SEED)
+
+
+def _gen(rng):
+    return torch.Generator().manual_seed(rng.randrange(2**31))
+
+
+# ---- oracles ----------------------------------------------------------------------------------
+
+def int8_oracle(w):
+    w = w.float()
+    q, s = torch.zeros(w.shape, dtype=torch.int8), torch.ones(w.shape[0])
+    for r in range(w.shape[0]):
+        m = w[r].abs().max().item() if w.shape[1] else 0.0
+        s[r] = m / 127.0 if m > 0 else 1.0
+        q[r] = torch.round(w[r] / s[r]).clamp(-127, 127).to(torch.int8)
+    return q, s
+
+
+def fp8_oracle(w, block=128):
+    w = w.float()
+    n, k = w.shape
+    s = torch.ones(-(-n // block), -(-k // block))
+    q = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            tile = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            m = tile.abs().max().item()
+            s[i, j] = m / FP8_MAX if m > 0 else 1.0
+            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = \
+                (tile / s[i, j]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, s
+
+
+def tie_row(rng, cols):
+    """Integers and halves times a power of two with one entry +-127: the scale is exactly that
+    power of two, so w / scale lands on k + 0.5 and only the rounding rule decides."""
+    step = 2.0 ** rng.randint(-9, -2)
+    vals = torch.tensor([rng.randint(-126, 125) + (0.5 if rng.random() < 0.6 else 0.0) for _ in range(cols)])
+    vals[rng.randrange(cols)] = rng.choice([-127.0, 127.0])
+    return vals * step
+
+
+def _first_difference(got, want, what):
+    bad = (got.float() != want.float()).nonzero()
+    if len(bad) == 0:
+        return None
+    at = tuple(bad[0].tolist())
+    return f"{what}: {len(bad)} entries differ; first at {list(at)}: got {got[at].item()!r}, expected {want[at].item()!r}"
+
+
+# ---- ch03.quantize_int8 -----------------------------------------------------------------------
+
+@INT8
+def test_int8_random_shapes_dtypes_ties_and_zero_rows(rng):
+    for case in range(12):
+        rows, cols = rng.randint(1, 160), rng.randint(1, 300)
+        dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16])
+        w = torch.randn(rows, cols, generator=_gen(rng)) * 10 ** rng.uniform(-3, 2)
+        for r in rng.sample(range(rows), k=min(rows, 4)):
+            w[r] = tie_row(rng, cols) if rng.random() < 0.7 else 0.0
+        w = w.to(dtype)
+        before = w.clone()
+        q, s = quantize_int8_per_channel(w)
+        wq, ws = int8_oracle(w)
+        where = f"seed {SEED}, case {case}: weight {dtype} [{rows}, {cols}]"
+        assert q.dtype == torch.int8 and s.dtype == torch.float32, f"{where}: got {q.dtype} / {s.dtype}, expected int8 / float32"
+        assert q.shape == wq.shape and s.shape == ws.shape, f"{where}: shapes {list(q.shape)}, {list(s.shape)}"
+        assert torch.equal(w, before), f"{where}: the input weight was changed"
+        for msg in (_first_difference(s, ws, f"{where}, scales (max|row| / 127, 1 for a zero row)"),
+                    _first_difference(q, wq, f"{where}, int8 values (round half to even, clamp +-127)")):
+            assert msg is None, msg
+
+
+@INT8
+def test_int8_empty_weight_and_bad_input(rng):
+    cols = rng.randint(1, 50)
+    q, s = quantize_int8_per_channel(torch.zeros(0, cols))
+    assert q.shape == (0, cols) and q.dtype == torch.int8 and s.shape == (0,) and s.dtype == torch.float32, \
+        f"seed {SEED}: an empty [0, {cols}] weight gives int8 [0, {cols}] and float32 [0], got {q.dtype} {list(q.shape)}, {s.dtype} {list(s.shape)}"
+    rows = rng.randint(2, 20)
+    for bad in (torch.randn(rows * cols), torch.randn(1, rows, cols)):  # the right element count, the wrong shape
+        with pytest.raises(ValueError):
+            quantize_int8_per_channel(bad)
+    for value in (float("nan"), float("inf"), float("-inf")):
+        w = torch.randn(rows, cols, generator=_gen(rng))
+        w[rng.randrange(rows), rng.randrange(cols)] = value
+        before = w.clone()
+        with pytest.raises(ValueError):
+            quantize_int8_per_channel(w)
+        assert torch.equal(w.nan_to_num(), before.nan_to_num()), f"seed {SEED}: the input weight was changed"
+
+
+# ---- ch03.quantize_fp8 ------------------------------------------------------------------------
+
+@FP8
+def test_fp8_random_shapes_with_edge_tiles_zero_tiles_and_uneven_magnitudes(rng):
+    shapes = [(rng.randint(1, 127), rng.randint(1, 127)), (128, 256), (rng.randint(129, 300), rng.randint(129, 400)),
+              (rng.randint(257, 300), rng.randint(1, 100))]
+    for case, (rows, cols) in enumerate(shapes):
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        w = torch.randn(rows, cols, generator=_gen(rng))
+        nb, kb = -(-rows // 128), -(-cols // 128)
+        for i in range(nb):  # each tile its own magnitude, some tiles all zero
+            for j in range(kb):
+                f = 0.0 if (nb * kb > 1 and rng.random() < 0.25) else 10 ** rng.uniform(-4, 3)
+                w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] *= f
+        w = w.to(dtype)
+        q, s = quantize_fp8_block(w)
+        wq, ws = fp8_oracle(w)
+        where = f"seed {SEED}, case {case}: weight {dtype} [{rows}, {cols}]"
+        assert q.dtype == torch.float8_e4m3fn and q.shape == (rows, cols) and q.is_contiguous(), \
+            f"{where}: qweight {q.dtype} {list(q.shape)}, expected contiguous float8_e4m3fn [{rows}, {cols}]"
+        assert s.dtype == torch.float32 and s.shape == (nb, kb), f"{where}: scales {s.dtype} {list(s.shape)}, expected float32 [{nb}, {kb}]"
+        for msg in (_first_difference(s, ws, f"{where}, tile scales (max|tile| / 448, 1 for a zero tile)"),
+                    _first_difference(q, wq, f"{where}, fp8 values")):
+            assert msg is None, msg
+
+
+@FP8
+def test_fp8_empty_weights_and_bad_input(rng):
+    k = rng.randint(1, 300)
+    for shape, scale_shape in (((0, k), (0, -(-k // 128))), ((k, 0), (-(-k // 128), 0))):
+        q, s = quantize_fp8_block(torch.zeros(shape))
+        assert q.shape == shape and q.dtype == torch.float8_e4m3fn and s.shape == scale_shape, \
+            f"seed {SEED}: an empty {list(shape)} weight gives fp8 {list(shape)} and scales {list(scale_shape)}, got {list(q.shape)}, {list(s.shape)}"
+    rows = rng.randint(2, 200)
+    with pytest.raises(ValueError):
+        quantize_fp8_block(torch.randn(rows * k))
+    for value in (float("nan"), float("inf")):
+        w = torch.randn(rows, k, generator=_gen(rng))
+        w[rng.randrange(rows), rng.randrange(k)] = value
+        with pytest.raises(ValueError):
+            quantize_fp8_block(w)
+
+
+# ---- ch03.requantize_in_place -----------------------------------------------------------------
+
+def _config(rng):
+    heads = rng.choice([2, 4])
+    return preset("tiny", hidden_size=rng.choice([48, 64, 160]), intermediate_size=rng.choice([96, 200]),
+                  num_attention_heads=heads, num_key_value_heads=rng.choice([1, 2]) if heads == 4 else 1,
+                  head_dim=rng.choice([16, 32]), num_hidden_layers=rng.choice([2, 3]),
+                  tie_word_embeddings=rng.random() < 0.5)
+
+
+def _tricky_state(config, rng):
+    """Random weights; some linear weights get rows with exact ties and all-zero rows."""
+    state = random_state_dict(config, rng.randrange(10_000))
+    linear = [n for n in state if n.endswith("proj.weight")]
+    for name in rng.sample(linear, k=min(6, len(linear))):
+        w = state[name]
+        rows = rng.sample(range(w.shape[0]), k=min(3, w.shape[0]))
+        w[rows[0]] = 0.0
+        for r in rows[1:]:
+            w[r] = tie_row(rng, w.shape[1])
+    return state
+
+
+def _kernel_buffers(engine):
+    return {n: t for n, t in engine.model.named_buffers() if n.endswith(("qweight", "weight_scale"))}
+
+
+def _float_copies_left(model):
+    """Float tensors a quantized layer keeps outside its registered kernel tensors and shell."""
+    found = []
+    for mname, m in model.named_modules():
+        if not hasattr(m, "qweight"):
+            continue
+        for attr, v in vars(m).items():
+            if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.is_floating_point() and v.numel() > 1:
+                found.append(f"{mname}.{attr}")
+    return found
+
+
+@REQUANT
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_requantize_hot_updates_equal_cold_start(rng, tmp_path, quantization):
+    config = _config(rng)
+    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng)) for k in range(3)]
+    hot = Engine(paths[0], quantization=quantization, max_num_seqs=4, max_model_len=256)
+    where = f"seed {SEED}, {quantization} engine (hidden {config.hidden_size}, intermediate {config.intermediate_size})"
+    addresses = {n: (t.data_ptr(), t.shape, t.dtype) for n, t in _kernel_buffers(hot).items()}
+    hot.update_weights_from_disk(paths[1])                       # layer by layer
+    hot.update_weights_from_disk(paths[2], staging="full")       # everything staged, then processed
+    hot.verify_addresses()
+    for name, t in _kernel_buffers(hot).items():
+        assert (t.data_ptr(), t.shape, t.dtype) == addresses[name], f"{where}: {name} moved (write with copy_, never rebind)"
+    cold = Engine(paths[2], quantization=quantization, max_num_seqs=4, max_model_len=256)
+    cold_buffers = _kernel_buffers(cold)
+    for name, t in _kernel_buffers(hot).items():
+        msg = _first_difference(t, cold_buffers[name], f"{where}, {name} against a cold engine")
+        assert msg is None, msg
+    assert staged_bytes(hot.model) == 0 and not pending_layers(hot.model), f"{where}: staging left after the update"
+    left = _float_copies_left(hot.model)
+    assert not left, f"{where}: float copies of weights kept on the layers after processing: {left[:3]}"
+    assert_hot_equals_cold(hot, paths[2], PROMPTS, max_new_tokens=4, cold=cold)
+
+
+@REQUANT
+def test_requantize_a_partial_update_waits_for_every_shard(rng, tmp_path):
+    """After a full update, q alone must not be requantized with stale k and v rows."""
+    config = _config(rng)
+    a = write_checkpoint(tmp_path / "a", config, _tricky_state(config, rng))
+    b = write_checkpoint(tmp_path / "b", config, _tricky_state(config, rng))
+    quantization = rng.choice(["int8", "fp8"])
+    engine = Engine(a, quantization=quantization)
+    engine.update_weights_from_disk(b)
+    new = dict(CheckpointReader(a).iter_tensors())
+    layer = rng.randrange(config.num_hidden_layers)
+    names = [f"model.layers.{layer}.self_attn.{p}_proj.weight" for p in "qkv"]
+    engine.pause_generation("abort")
+    engine.update_weights_from_tensor([(names[0], new[names[0]])], flush_cache=False)
+    waiting = pending_layers(engine.model)
+    assert f"model.layers.{layer}.self_attn.qkv_proj" in waiting, \
+        f"seed {SEED}, {quantization}: after q alone, layer {layer}'s qkv_proj must wait for k and v, waiting: {waiting}"
+    engine.update_weights_from_tensor([(n, new[n]) for n in names[1:]])
+    engine.continue_generation()
+    assert_hot_equals_cold(engine, _mixed(tmp_path, config, a, b, names), PROMPTS[:1], max_new_tokens=3)
+
+
+def _mixed(tmp_path, config, a, b, names):
+    """Checkpoint b with the given tensors taken from a: what the engine should hold now."""
+    state = dict(CheckpointReader(b).iter_tensors())
+    state.update({n: t for n, t in CheckpointReader(a).iter_tensors(names)})
+    return write_checkpoint(tmp_path / "mixed", config, state)
+
+
+@REQUANT
+def test_requantize_a_nan_checkpoint_is_refused_and_changes_nothing(rng, tmp_path):
+    config = _config(rng)
+    a = write_checkpoint(tmp_path / "a", config, _tricky_state(config, rng))
+    state = _tricky_state(config, rng)
+    name = rng.choice([n for n in state if n.endswith("proj.weight")])
+    state[name][rng.randrange(state[name].shape[0]), 0] = float("nan")
+    bad = write_checkpoint(tmp_path / "bad", config, state)
+    engine = Engine(a, quantization=rng.choice(["int8", "fp8"]))
+    before = {n: t.clone() for n, t in _kernel_buffers(engine).items()}
+    with pytest.raises(UpdateError):
+        engine.update_weights_from_disk(bad, staging="full")
+    for n, t in _kernel_buffers(engine).items():
+        assert torch.equal(t, before[n]), f"seed {SEED}: a refused NaN update changed {n}"
+    assert_hot_equals_cold(engine, a, PROMPTS[:1], max_new_tokens=3)
+
+
+@REQUANT
+@pytest.mark.cuda
+@pytest.mark.parametrize("quantization", ["fp8", "int8"])
+def test_requantize_cuda_graphs_hot_equals_cold(rng, tmp_path, quantization):
+    config = preset("small", num_hidden_layers=2, torch_dtype="bfloat16", hidden_size=256, head_dim=64,
+                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
+    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng)) for k in range(2)]
+    opts = dict(device="cuda", quantization=quantization, enable_cuda_graph=True, max_num_seqs=4, max_model_len=256)
+    hot = Engine(paths[0], **opts)
+    hot.generate(PROMPTS, {"max_new_tokens": 2, "temperature": 0})  # graphs captured and replayed
+    hot.update_weights_from_disk(paths[1])
+    hot.verify_addresses()
+    assert_hot_equals_cold(hot, paths[1], PROMPTS, max_new_tokens=6, cold=Engine(paths[1], **opts))
+
+
+# ---- ch03.layerwise_buffer --------------------------------------------------------------------
+
+class Watch:
+    """What a LayerwiseReload holds, seen from outside: the fed tensors still alive (weak
+    references) plus the model's staging weights, looked at when each layer is written."""
+
+    def __init__(self, model, monkeypatch):
+        self.model, self.refs, self.peak = model, [], 0
+        real_copy, real_process = layerwise.copy_in_place, layerwise.process_weights_after_loading
+
+        def copy_in_place(*args, **kw):
+            self.look()
+            return real_copy(*args, **kw)
+
+        def process(*args, **kw):
+            self.look()
+            return real_process(*args, **kw)
+
+        monkeypatch.setattr(layerwise, "copy_in_place", copy_in_place)
+        monkeypatch.setattr(layerwise, "process_weights_after_loading", process)
+
+    def alive(self):
+        return sum(n for r, n in self.refs if r() is not None)
+
+    def look(self):
+        self.peak = max(self.peak, self.alive() + staged_bytes(self.model))
+        return self.peak
+
+    def feed(self, reload, name, tensor):
+        self.refs.append((weakref.ref(tensor), tensor.numel() * tensor.element_size()))
+        reload.feed(name, tensor)
+        del tensor
+        self.look()
+
+
+def _kernel_state(model):
+    return {n: t.detach().clone() for n, t in list(model.named_parameters()) + list(model.named_buffers())
+            if t.device.type != "meta"}
+
+
+def _changed_layers(model, start):
+    return {layer_key(n) for n, t in _kernel_state(model).items() if not torch.equal(t, start[n])}
+
+
+def _layer_bytes(groups, model, quantized):
+    out = {}
+    for key, items in groups.items():
+        staging = 0
+        if quantized and key.startswith("model.layers."):
+            layer = model.get_submodule(key)
+            staging = sum(m.weight.numel() * m.weight.element_size() for m in layer.modules() if hasattr(m, "qweight"))
+        out[key] = sum(t.numel() * t.element_size() for _, t in items) + staging
+    return out
+
+
+@LAYERWISE
+@pytest.mark.parametrize("quantization", [None, "int8", "fp8"])
+def test_layerwise_each_layer_lands_when_complete_holding_one_layer(rng, tmp_path, monkeypatch, quantization):
+    config = _config(rng)
+    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, rng.randrange(10_000)))
+    b = write_checkpoint(tmp_path / "b", config, random_state_dict(config, rng.randrange(10_000)))
+    engine = Engine(a, quantization=quantization)
+    new = dict(CheckpointReader(b).iter_tensors())
+    groups = {}
+    for name in new:
+        groups.setdefault(layer_key(name), []).append(name)
+    order = list(groups)
+    rng.shuffle(order)
+    reload = LayerwiseReload(engine.model, list(new), "cpu")
+    watch = Watch(engine.model, monkeypatch)
+    applied = set()
+    start = _kernel_state(engine.model)
+    where = f"seed {SEED}, quantization {quantization}"
+    sizes = _layer_bytes({k: [(n, new[n]) for n in v] for k, v in groups.items()}, engine.model, quantization)
+    for key in order:
+        names = groups[key][:]
+        rng.shuffle(names)
+        for i, name in enumerate(names):
+            watch.feed(reload, name, new[name].clone())
+            if i < len(names) - 1:
+                changed = _changed_layers(engine.model, start) - applied
+                assert not changed, f"{where}: {sorted(changed)} changed before all of {key}'s tensors arrived"
+                assert watch.alive() > 0, f"{where}: {key} is incomplete, yet its tensors were not held"
+        gc.collect()
+        assert watch.alive() == 0, f"{where}: after {key} was applied, {watch.alive()} bytes of its tensors are still held"
+        applied.add(key)
+        changed = _changed_layers(engine.model, start)
+        assert key in changed, f"{where}: {key} did not change once complete"
+        assert changed <= applied, f"{where}: {sorted(changed - applied)} changed before they were complete"
+    stats = reload.finish()
+    biggest = max(sizes.values())
+    assert watch.peak <= biggest, f"{where}: held {watch.peak} bytes at once, one layer is at most {biggest}"
+    assert stats["peak_held_bytes"] == watch.peak, \
+        f"{where}: the reload reported a peak of {stats['peak_held_bytes']} bytes, it held {watch.peak}"
+    assert stats["layers"] == len(groups), f"{where}: {stats['layers']} layers applied, expected {len(groups)}"
+    assert_hot_equals_cold(engine, b, PROMPTS[:1], max_new_tokens=3)
+
+
+@LAYERWISE
+def test_layerwise_refusals_change_nothing_and_a_nan_layer_is_not_written(rng, tmp_path, monkeypatch):
+    config = _config(rng)
+    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, rng.randrange(10_000)))
+    engine = Engine(a, quantization=rng.choice([None, "int8"]))
+    new = random_state_dict(config, rng.randrange(10_000))
+    reload = LayerwiseReload(engine.model, list(new), "cpu")
+    start = _kernel_state(engine.model)
+    layer = f"model.layers.{rng.randrange(config.num_hidden_layers)}"
+    names = [n for n in new if layer_key(n) == layer]
+    rng.shuffle(names)
+    reload.feed(names[0], new[names[0]])
+    held = reload.held_bytes
+    for bad in (names[0], f"{layer}.mlp.extra_proj.weight", "model.layers.99.mlp.up_proj.weight"):
+        with pytest.raises(UpdateError):
+            reload.feed(bad, new[names[0]].clone())
+        assert reload.held_bytes == held and sum(len(v) for v in reload.buffers.values()) == 1, \
+            f"seed {SEED}: a refused name {bad!r} was buffered"
+    poisoned = new[names[-1]].clone()
+    poisoned.view(-1)[rng.randrange(poisoned.numel())] = float("nan")
+    for name in names[1:-1]:
+        reload.feed(name, new[name])
+    with pytest.raises(UpdateError):
+        reload.feed(names[-1], poisoned)
+    assert not _changed_layers(engine.model, start), f"seed {SEED}: a layer with NaN in it was written"

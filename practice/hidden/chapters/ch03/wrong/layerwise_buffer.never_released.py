@@ -1,0 +1,11 @@
+key = layer_key(name)
+if name not in self.remaining.get(key, ()):
+    raise UpdateError(f"{name}: not expected by this update (or sent twice)")
+tensor = self._transfer(tensor)
+self.buffers.setdefault(key, []).append((name, tensor))
+self._hold(tensor.numel() * tensor.element_size())
+self.remaining[key].discard(name)
+if not self.remaining[key]:
+    tensors = self.buffers[key]      # applied, but left in the buffer
+    self._apply(key, tensors)
+    self._hold(-sum(t.numel() * t.element_size() for _, t in tensors))
