@@ -36,7 +36,7 @@ def pointers(model):
 # ---- ch04.copy_in_place -------------------------------------------------------------------
 
 @COPY
-def test_apply_writes_what_the_loaders_write_into_the_same_memory():
+def test_copy_in_place__apply_writes_what_the_loaders_write_into_the_same_memory():
     new = random_state_dict(CONFIG, seed=2)
     by_plan, by_loaders = model_with(1), model_with(1)
     before = pointers(by_plan)
@@ -48,7 +48,7 @@ def test_apply_writes_what_the_loaders_write_into_the_same_memory():
 
 
 @COPY
-def test_apply_a_partial_update_changes_only_its_rows():
+def test_copy_in_place__apply_a_partial_update_changes_only_its_rows():
     model = model_with(1)
     old = state(model)
     k = torch.randn(32, 64)
@@ -61,7 +61,7 @@ def test_apply_a_partial_update_changes_only_its_rows():
 
 
 @COPY
-def test_apply_converts_dtype_and_reads_a_generator_once():
+def test_copy_in_place__apply_converts_dtype_and_reads_a_generator_once():
     model = model_with(1)
     new = {n: t.to(torch.bfloat16) for n, t in random_state_dict(CONFIG, seed=3).items()}
     CopyPlan.for_model(model).apply((n, t) for n, t in new.items())
@@ -71,7 +71,7 @@ def test_apply_converts_dtype_and_reads_a_generator_once():
 
 
 @COPY
-def test_apply_refuses_bad_input_before_writing_anything():
+def test_copy_in_place__apply_refuses_bad_input_before_writing_anything():
     model = model_with(1)
     old = state(model)
     good = list(random_state_dict(CONFIG, seed=4).items())
@@ -86,7 +86,7 @@ def test_apply_refuses_bad_input_before_writing_anything():
 
 
 @COPY
-def test_engine_update_through_the_plan_equals_a_cold_start(tmp_path):
+def test_copy_in_place__engine_update_through_the_plan_equals_a_cold_start(tmp_path):
     a, b = make_random(tmp_path / "a", "tiny", seed=1), make_random(tmp_path / "b", "tiny", seed=2)
     engine = Engine(a, max_model_len=128)
     engine.update_weights_from_disk(b, staging="full")
@@ -96,7 +96,7 @@ def test_engine_update_through_the_plan_equals_a_cold_start(tmp_path):
 # ---- ch04.record_addresses ----------------------------------------------------------------
 
 @RECORD
-def test_record_keeps_each_tensors_address():
+def test_record_addresses__record_keeps_each_tensors_address():
     w, kv = torch.randn(8, 4), torch.zeros(2, 3, dtype=torch.bfloat16)
     audit = AddressAudit({"w": w, "kv": kv})
     assert set(audit.recorded) == {"w", "kv"}, "one record per name"
@@ -106,7 +106,7 @@ def test_record_keeps_each_tensors_address():
 
 
 @RECORD
-def test_record_holds_the_memory_so_its_address_is_never_reused():
+def test_record_addresses__record_holds_the_memory_so_its_address_is_never_reused():
     t = torch.randn(256, 64)
     address = t.data_ptr()
     audit = AddressAudit({"t": t})
@@ -118,7 +118,7 @@ def test_record_holds_the_memory_so_its_address_is_never_reused():
 
 
 @RECORD
-def test_record_refuses_what_is_not_a_tensor():
+def test_record_addresses__record_refuses_what_is_not_a_tensor():
     with pytest.raises(TypeError, match="scale"):
         AddressAudit({"w": torch.zeros(2), "scale": [1.0, 2.0]})
     with pytest.raises(TypeError):
@@ -128,7 +128,7 @@ def test_record_refuses_what_is_not_a_tensor():
 # ---- ch04.address_audit -------------------------------------------------------------------
 
 @AUDIT
-def test_audit_is_clean_after_in_place_writes():
+def test_address_audit__audit_is_clean_after_in_place_writes():
     model = model_with(1)
     kv = torch.zeros(4, 8)
     audit = AddressAudit.record(model, {"kv_cache": kv})
@@ -140,7 +140,7 @@ def test_audit_is_clean_after_in_place_writes():
 
 
 @AUDIT
-def test_audit_names_a_rebound_parameter():
+def test_address_audit__audit_names_a_rebound_parameter():
     model = model_with(1)
     audit = AddressAudit.record(model)
     name = "model.layers.0.mlp.down_proj.weight"
@@ -152,7 +152,7 @@ def test_audit_names_a_rebound_parameter():
 
 
 @AUDIT
-def test_audit_sees_shape_and_dtype_at_the_same_address():
+def test_address_audit__audit_sees_shape_and_dtype_at_the_same_address():
     model = model_with(1)
     audit = AddressAudit.record(model)
     a, b = "model.layers.1.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight"
@@ -164,7 +164,7 @@ def test_audit_sees_shape_and_dtype_at_the_same_address():
 
 
 @AUDIT
-def test_audit_checks_the_extras_and_what_vanished():
+def test_address_audit__audit_checks_the_extras_and_what_vanished():
     model = model_with(1)
     audit = AddressAudit.record(model, {"kv_cache": torch.zeros(4, 8), "graph_out": torch.zeros(2)})
     lines = audit.violations(model, {"kv_cache": torch.zeros(4, 8)})
@@ -173,7 +173,7 @@ def test_audit_checks_the_extras_and_what_vanished():
 
 
 @AUDIT
-def test_audit_only_checks_the_names_given():
+def test_address_audit__audit_only_checks_the_names_given():
     model = model_with(1)
     audit = AddressAudit.record(model)
     moved, kept = "model.layers.0.mlp.down_proj.weight", "model.norm.weight"
@@ -183,7 +183,7 @@ def test_audit_only_checks_the_names_given():
 
 
 @AUDIT
-def test_engine_refuses_an_update_that_rebinds(tmp_path):
+def test_address_audit__engine_refuses_an_update_that_rebinds(tmp_path):
     a, b = make_random(tmp_path / "a", "tiny", seed=1), make_random(tmp_path / "b", "tiny", seed=2)
     engine = Engine(a, max_model_len=128)
 
