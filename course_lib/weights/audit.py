@@ -15,11 +15,13 @@ shows as a new address. It costs no memory while updates copy in place (same sto
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from course_lib.exercises import is_unwritten
 from course_lib.layers.quant import kernel_tensors as quant_kernel_tensors
 
 
@@ -29,17 +31,18 @@ class AddressMovedError(RuntimeError):
 
 @dataclass(frozen=True)
 class TensorAddress:
+    """Where a tensor lives and what it looks like; ``storage`` (when set) keeps that
+    memory allocated while the record exists (see the module docstring)."""
     data_ptr: int
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: str
-    # Keeps the recorded memory allocated so its address cannot be reused (see above).
     storage: object = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, t: torch.Tensor, hold: bool = False) -> "TensorAddress":
-        storage = t.untyped_storage() if hold else None
-        return cls(t.data_ptr(), tuple(t.shape), t.dtype, str(t.device), storage)
+    def of(cls, t: torch.Tensor) -> "TensorAddress":
+        """``t``'s address as it is now (holding nothing)."""
+        return cls(t.data_ptr(), tuple(t.shape), t.dtype, str(t.device))
 
 
 def kernel_tensors(model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -49,17 +52,63 @@ def kernel_tensors(model: nn.Module, extra: dict[str, torch.Tensor] | None = Non
 
 
 class AddressAudit:
+    """Addresses recorded once (after graph capture), checked after every update."""
+
+    unwritten: str | None = None  # the stub's message while record_addresses is unwritten
+
     def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.recorded = {name: TensorAddress.of(t, hold=True) for name, t in tensors.items()}
+        """Record every tensor of ``tensors`` ({name: tensor}: what kernels read, e.g.
+        ``kernel_tensors(model, extra)``) into ``self.recorded``: {name: TensorAddress}
+        with its ``data_ptr()``, ``tuple(shape)``, dtype, ``str(device)``, and
+        ``storage=t.untyped_storage()``, a reference that keeps the recorded memory
+        allocated for as long as the audit lives, so that memory can never be handed out
+        again at the same address (the ABA hole in the module docstring).
+
+        Errors, before anything is recorded: ``tensors`` not a dict: TypeError; a value
+        that is not a torch.Tensor: TypeError naming its key and its type.
+        """
+        # BEGIN EXERCISE ch04.record_addresses
+        if not isinstance(tensors, dict):
+            raise TypeError(f"expected a dict of name -> tensor, got {type(tensors).__name__}")
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        # Holding each storage costs no memory while updates copy in place (same storage).
+        self.recorded = {name: TensorAddress(t.data_ptr(), tuple(t.shape), t.dtype, str(t.device),
+                                             t.untyped_storage())
+                         for name, t in tensors.items()}
+        # END EXERCISE
 
     @classmethod
     def record(cls, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> "AddressAudit":
-        return cls(kernel_tensors(model, extra))
+        """The audit of ``model``'s kernel tensors plus ``extra`` (the KV pool, graph outputs)."""
+        try:
+            return cls(kernel_tensors(model, extra))
+        except NotImplementedError as exc:
+            if not is_unwritten(exc, "ch04.record_addresses"):
+                raise
+            audit = cls.__new__(cls)  # before chapter 04: an audit that records nothing, and says so
+            audit.recorded, audit.unwritten = {}, str(exc)
+            return audit
 
     def violations(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None,
                    only: set[str] | None = None) -> list[str]:
-        """One line per tensor whose address (or shape, dtype, device) differs, or that
-        vanished. ``only``: check just these names (what one chunk of an update wrote)."""
+        """One line per recorded tensor that moved, in the order of ``self.recorded``.
+
+        Compares each recorded TensorAddress with the tensor of the same name now:
+        ``kernel_tensors(model, extra)`` (``extra``: the engine's other tensors kernels
+        read, such as the KV pool and graph output buffers, audited like the weights).
+        ``only``: check just these recorded names, and only among the model's parameters
+        (``model._params()`` where the model has it, else ``dict(model.named_parameters())``;
+        what one chunk of an update wrote: cheaper than walking every module).
+
+        A line starts with the tensor's name: ``"{name}: no longer present"`` when a
+        recorded tensor is gone (an ``only`` name that is no parameter is skipped), else
+        one line per field that differs, ``"{name}: {field} changed from {was} to
+        {became}"`` for field in data_ptr (written in hex), shape, dtype, device.
+        An empty list means nothing moved.
+        """
+        # BEGIN EXERCISE ch04.address_audit
         if only is None:
             now = kernel_tensors(model, extra)
         else:  # a direct lookup per name: much cheaper than walking every module
@@ -80,10 +129,22 @@ class AddressAudit:
                         was, became = hex(was), hex(became)
                     lines.append(f"{name}: {field} changed from {was} to {became}")
         return lines
+        # END EXERCISE
 
     def verify(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None,
                only: set[str] | None = None) -> None:
-        lines = self.violations(model, extra, only)
+        """Raise AddressMovedError naming what moved (nothing moved: return)."""
+        try:
+            if self.unwritten:
+                raise NotImplementedError(self.unwritten)
+            lines = self.violations(model, extra, only)
+        except NotImplementedError as exc:
+            if not (is_unwritten(exc, "ch04.record_addresses") or is_unwritten(exc, "ch04.address_audit")):
+                raise
+            # Before chapter 04 the audit is the learner's to write: say once that updates
+            # go unaudited rather than stop every earlier chapter's update here.
+            warnings.warn(f"updates are not audited until chapter 04's part is written: {exc}", stacklevel=2)
+            return
         if lines:
             raise AddressMovedError(
                 f"{len(lines)} tensors read by kernels moved (a captured CUDA graph would read stale "

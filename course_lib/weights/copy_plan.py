@@ -40,6 +40,9 @@ def checkpoint_view(model: nn.Module, name: str) -> torch.Tensor | None:
 
 
 class CopyPlan:
+    """Per checkpoint name, the view of the model's memory that tensor fills (``views``);
+    ``apply`` is the commit step that copies an update's tensors into those views."""
+
     def __init__(self, model: nn.Module):
         self.views = {name: checkpoint_view(model, name) for name in hf_tensor_shapes(model.config)}
 
@@ -57,15 +60,33 @@ class CopyPlan:
         return plan
 
     def apply(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy (name, tensor) pairs into their views. Names and shapes are checked here
-        too (a KeyError or ValueError before anything is written), though every caller
-        has validated them already."""
+        """Copy each (checkpoint name, tensor) pair into its view, in place: the commit step.
+
+        ``self.views[name]`` is the tensor to write (the memory kernels and captured CUDA
+        graphs read: a parameter's ``.data`` or a ``narrow`` of a fused one), or None for
+        a name the model keeps no separate copy of (a tied ``lm_head.weight``: skip it).
+        ``named_tensors`` may be any iterable (a generator too: read it once); tensors
+        may be on another device or in another floating dtype than their views.
+
+        Promises: every view afterwards holds its tensor's values, converted to the view's
+        dtype, in the same memory (no view, parameter or storage is ever replaced).
+        Tensors on the views' device are copied with one ``torch._foreach_copy_`` call
+        per (device, dtype) group; tensors from another device are copied one by one
+        with ``copy_(..., non_blocking=True)`` straight into the view (no staging copy),
+        so on a GPU the copies may still be running when it returns.
+
+        Errors, raised before anything is written (a refused update changes nothing):
+        a name with no entry in ``views``: KeyError naming it; a tensor whose shape is
+        not exactly its view's (a broadcastable or same-size shape included): ValueError
+        naming the tensor, its shape and the expected shape.
+        """
+        # BEGIN EXERCISE ch04.copy_in_place
         grouped: dict[tuple, tuple[list, list]] = {}
-        for name, t in named_tensors:
+        for name, t in named_tensors:  # check everything before the first write
             if name not in self.views:
                 raise KeyError(f"checkpoint tensor {name!r} matches no parameter of this model")
             view = self.views[name]
-            if view is None:
+            if view is None:  # tied to the embedding: written through that name
                 continue
             if view.shape != t.shape:
                 raise ValueError(f"{name}: checkpoint tensor has shape {tuple(t.shape)}, expected {tuple(view.shape)}")
@@ -78,3 +99,4 @@ class CopyPlan:
             else:  # host to device: one copy each, straight into the weights (no staging copy)
                 for dst, src in zip(dsts, srcs):
                     dst.copy_(src, non_blocking=True)
+        # END EXERCISE

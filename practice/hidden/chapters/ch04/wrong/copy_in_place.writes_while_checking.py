@@ -1,0 +1,10 @@
+# Checks and copies in one pass: a bad tensor late in the list leaves the earlier ones written.
+for name, t in named_tensors:
+    if name not in self.views:
+        raise KeyError(f"checkpoint tensor {name!r} matches no parameter of this model")
+    view = self.views[name]
+    if view is None:
+        continue
+    if view.shape != t.shape:
+        raise ValueError(f"{name}: checkpoint tensor has shape {tuple(t.shape)}, expected {tuple(view.shape)}")
+    view.copy_(t, non_blocking=True)
