@@ -44,7 +44,11 @@ class BlockManager:
         return len(self.free_block_ids)
 
     def compute_hash(self, token_ids: list[int], prefix: int) -> int:
+        """The key of one full block: its tokens, chained to ``prefix`` (the previous block's
+        hash, -1 for the first block) and to ``self.salt`` (the weights' cache epoch)."""
+        # BEGIN EXERCISE ch01.block_hash
         return hash((self.salt, prefix, tuple(token_ids)))
+        # END EXERCISE
 
     def _allocate_block(self, block_id: int) -> Block:
         block = self.blocks[block_id]

@@ -1,0 +1,1 @@
+return hash((self.salt, tuple(token_ids)))

@@ -1,0 +1,1 @@
+return hash((prefix, tuple(token_ids)))

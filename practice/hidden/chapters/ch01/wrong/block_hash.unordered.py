@@ -1,0 +1,2 @@
+# A set forgets the order of the tokens.
+return hash((self.salt, prefix, frozenset(token_ids)))
