@@ -66,7 +66,8 @@ class Chapter:
 
     def public_files(self) -> list[Path]:
         """The public tests and any support modules beside them: what a graded run copies."""
-        return sorted(p for p in self.path.glob("*.py") if not p.name.startswith("test_") or p.name == "test_public.py")
+        return sorted(p for p in self.path.glob("*.py") if p.name != "conftest.py"
+                      and (not p.name.startswith("test_") or p.name == "test_public.py"))
 
     def hidden_dir(self) -> Path:
         root = os.environ.get("COURSE_HIDDEN_DIR")
@@ -77,7 +78,7 @@ class Chapter:
         d = self.hidden_dir()
         if not d.is_dir() or not list(d.glob("test_*.py")):
             return []
-        return sorted(d.glob("*.py"))
+        return sorted(p for p in d.glob("*.py") if p.name != "conftest.py")
 
     def wrong_variants(self, exercise: Exercise | None = None) -> list[tuple[Exercise, str, Path]]:
         """(exercise, variant name, file) for each wrong body in ``hidden/chapters/chNN/wrong/``."""

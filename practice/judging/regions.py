@@ -3,7 +3,7 @@
 A region is the learner's part of a function, between two comment lines::
 
         # BEGIN EXERCISE ch01.block_hash
-        return hash((self.salt, prefix, tuple(token_ids)))
+        ...  # the reference code: the part the learner writes
         # END EXERCISE
 
 The markers are plain comments, so the instructor edition runs as if they were absent.
