@@ -96,7 +96,9 @@ def load(chapter_id: str, chapters_dir: Path = CHAPTERS) -> Chapter:
     path = Path(chapters_dir) / chapter_id
     where = f"{chapter_id}/chapter.json"
     if not CHAPTER_ID.fullmatch(chapter_id) or not (path / "chapter.json").is_file():
-        known = ", ".join(c.id for c in all_chapters(chapters_dir)) or "none"
+        d = Path(chapters_dir)
+        known = ", ".join(sorted(p.name for p in d.iterdir() if (p / "chapter.json").is_file())) if d.is_dir() else ""
+        known = known or "none"
         raise KeyError(f"no chapter {chapter_id!r} (known: {known})")
     try:
         meta = json.loads((path / "chapter.json").read_text(encoding="utf-8"))
