@@ -151,15 +151,21 @@ def cmd_grade(args) -> int:
     if not submissions.is_dir():
         raise UsageError(f"no directory {submissions}")
     if not gradebook.learners(submissions):
-        raise UsageError(f"{submissions} has no learner folders (expected {submissions}/<learner>/<slug>.py)")
+        raise UsageError(f"{submissions} has no learner folders (expected {submissions}/<learner>/course_lib/ "
+                         "and/or <learner>/<slug>.py)")
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    rows = gradebook.grade(submissions, problems.all_problems(), timeout=args.timeout, progress=say)
-    csv_path, json_path = gradebook.write(rows, Path(args.out))
+    scores, cases = gradebook.grade(submissions, problems.all_problems(), chapters.all_chapters(),
+                                    timeout=args.timeout, progress=say)
+    paths = gradebook.write(scores, cases, Path(args.out))
+    sums = gradebook.totals(scores)
     if args.json:
-        print(json.dumps({"rows": rows, "totals": gradebook.totals(rows)}, indent=1))
+        print(json.dumps({"totals": sums, "scores": scores, "cases": cases}, indent=1))
     else:
-        print(f"wrote {csv_path} and {json_path}")
-    return 0 if all(r["result"] in ("pass", "not graded") for r in rows) else 1
+        print(report.table([[who, f"{t['points']:g}/{t['max_points']:g}", "complete" if t["complete"] else "INCOMPLETE"]
+                            for who, t in sorted(sums.items())], ["learner", "points", "graded"]))
+        print("wrote " + ", ".join(str(p) for p in paths))
+    # A learner's failures are grades, not errors; 3 says some cases could not run here.
+    return 0 if all(t["complete"] for t in sums.values()) else 3
 
 
 def cmd_release(args) -> int:

@@ -123,6 +123,8 @@ def pytest_runtest_logreport(report):
     if state["outcome"] == "pass":
         if report.failed:
             where = {"setup": "while preparing the case: ", "teardown": "while cleaning up: "}.get(report.when, "")
+            if report.nodeid in _broken:
+                where = ""  # the judge's own reason, not the case's set-up
             state.update(outcome="fail", message=where + _message(report))
         elif report.skipped:
             reason = _skip_reason(report)
