@@ -2,11 +2,14 @@
 
 ``scripts/release.py`` builds the student edition (nbgrader generate_assignment, the
 judge's release of practice/, the library) and records the assignment in a throwaway
-gradebook. Three submissions are autograded: the source notebook (solutions in place:
-full marks), the untouched student notebook (zero on every graded cell, and no other cell
-fails), and answers that pass the visible checks but not the hidden ones. Feedback is
-generated and must show no hidden test's source. The hidden checks themselves must pass
-the reference answers and catch plausible wrong ones.
+gradebook. Three submissions are autograded, each handed in as nbgrader's
+``submitted/<student>/notebooks/`` beside the learner's ``submitted/<student>/course_lib/``:
+the source notebook with the instructor's course_lib (full marks), the untouched student
+notebook with the student edition's stubbed course_lib (zero on every graded cell, and no
+other cell fails), and answers that pass the visible checks but not the hidden ones.
+Feedback is generated and must show no hidden test's source. The hidden checks
+themselves must pass the reference answers and catch plausible wrong ones. The graded
+cell of region ch01.block_hash grades the submission's own course_lib through the judge.
 """
 from __future__ import annotations
 
@@ -91,15 +94,25 @@ def course(tmp_path_factory):
         "untouched": json.loads(student.read_text()),
         "partly_wrong": with_answers(student, PARTLY_WRONG),
     }
+    libraries = {"reference": REPO / "course_lib", "untouched": edition / "course_lib",
+                 "partly_wrong": edition / "course_lib"}
     for name, nb in submissions.items():
         folder = root / "submitted" / name / release.ASSIGNMENT
         folder.mkdir(parents=True)
         (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(nb))
+        shutil.copytree(libraries[name], root / "submitted" / name / "course_lib",
+                        ignore=shutil.ignore_patterns("__pycache__"))
 
     api = release.nbgrader_api(release.course_config(root, edition))
-    for name in submissions:
-        result = api.autograde(release.ASSIGNMENT, name, force=True)
-        assert result["success"], f"autograde {name}: {result['error']}\n{result['log']}"
+    # This course folder is outside the repository, so the graded cells are told where the judge is.
+    saved = os.environ.get("COURSE_PRACTICE_DIR")
+    os.environ["COURSE_PRACTICE_DIR"] = str(REPO / "practice")
+    try:
+        for name in submissions:
+            result = api.autograde(release.ASSIGNMENT, name, force=True)
+            assert result["success"], f"autograde {name}: {result['error']}\n{result['log']}"
+    finally:
+        os.environ.pop("COURSE_PRACTICE_DIR") if saved is None else os.environ.update(COURSE_PRACTICE_DIR=saved)
     result = api.generate_feedback(release.ASSIGNMENT, force=True)
     assert result["success"], result["error"]
     return SimpleNamespace(root=root, edition=edition, no_judge=no_judge, release_output=run.stdout,
@@ -122,6 +135,24 @@ def autograded_cells(course, student):
 def test_reference_submission_gets_full_marks(course):
     got = grades(course, "reference")
     assert got and all(score == top and top > 0 for score, top in got.values()), got
+
+
+def graded_output(course, student, grade_id):
+    cell = next(c for c in autograded_cells(course, student) if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    return json.dumps(cell["outputs"])
+
+
+def test_region_cell_grades_the_submissions_own_course_lib(course):
+    """ch01.block_hash: full marks with the instructor's course_lib (hidden tests ran), zero with the
+    student edition's stub, whose message the learner sees."""
+    assert grades(course, "reference")["test_ch01_block_hash"] == (2, 2)
+    assert grades(course, "untouched")["test_ch01_block_hash"] == (0, 2)
+    ref = graded_output(course, "reference", "test_ch01_block_hash")
+    assert str(course.root / "submitted" / "reference") in ref and "hidden tests too" in ref
+    assert "every case ran and passed" in ref
+    stub = graded_output(course, "untouched", "test_ch01_block_hash")
+    assert str(course.root / "submitted" / "untouched") in stub
+    assert "ch01.block_hash: write this part (chapter 01" in stub and "AssertionError" in stub
 
 
 def test_untouched_student_notebook_gets_zero_and_only_exercises_fail(course):
@@ -215,3 +246,36 @@ def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COURSE_HIDDEN_DIR": str(tmp_path / "hidden")}, cwd=tmp_path)
     assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with block_hash" in run.stderr, run.stderr
+
+
+def test_check_scores_zero_when_gpu_cases_did_not_run(tmp_path, monkeypatch, capsys):
+    """Exit 3 from the judge (nothing failed, a GPU case not run) is an AssertionError with that reason."""
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import notebook
+
+    hidden = tmp_path / "hidden" / "chapters" / "ch01"
+    hidden.mkdir(parents=True)
+    (hidden / "test_hidden.py").write_text("import pytest\npytestmark = pytest.mark.exercise('ch01.block_hash')\n"
+                                           "@pytest.mark.cuda\ndef test_on_the_gpu():\n    pass\n")
+    monkeypatch.setenv("COURSE_HIDDEN_DIR", str(tmp_path / "hidden"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with pytest.raises(AssertionError, match=r"incomplete: 1 case\(s\) need a GPU .* scores 0"):
+        notebook.check("ch01.block_hash", root=REPO)
+    assert "test_hidden.py::test_on_the_gpu ... not graded: needs CUDA" in capsys.readouterr().out
+
+
+def test_course_root_finds_the_submission_beside_nbgrader_autograded(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import notebook
+
+    monkeypatch.delenv("COURSE_SUBMISSION_ROOT", raising=False)
+    nb_dir = tmp_path / "grading" / "autograded" / "ann" / "notebooks"
+    nb_dir.mkdir(parents=True)
+    (tmp_path / "grading" / "submitted" / "ann").mkdir(parents=True)
+    with pytest.raises(AssertionError, match="no course_lib/ was handed in"):
+        notebook.course_root(nb_dir)
+    (tmp_path / "grading" / "submitted" / "ann" / "course_lib").mkdir()
+    (tmp_path / "grading" / "submitted" / "ann" / "course_lib" / "__init__.py").write_text("")
+    assert notebook.course_root(nb_dir) == tmp_path / "grading" / "submitted" / "ann"
+    assert notebook.course_root(REPO / "notebooks") == REPO
