@@ -7,9 +7,23 @@ student notebooks to student/notebooks/ (``python scripts/release.py`` builds th
 student edition, practice problems included).
 
     nbgrader generate_assignment notebooks --force     # or: python scripts/release.py
-    # put each submission in grading/submitted/<student>/notebooks/
+    # put each learner's hand-in in grading/submitted/<student>/:
+    #   grading/submitted/<student>/notebooks/*.ipynb    their notebooks (nbgrader's assignment)
+    #   grading/submitted/<student>/course_lib/          their course_lib, as in their student edition
     nbgrader autograde notebooks
     nbgrader generate_feedback notebooks               # grading/feedback/<student>/notebooks/*.html
+    nbgrader export                                    # grades.csv: one row per student and notebook
+
+Where a learner's course_lib is found: autograde copies only grading/submitted/<student>/notebooks/
+to grading/autograded/<student>/notebooks/ and runs each notebook there. A graded cell of
+an exercise region (practice/judging/notebook.py, ``check("chNN.name")``) then grades
+grading/submitted/<student>/course_lib/ (the folder beside the autograded copy's twin)
+with ``python practice/judge.py test chNN --root grading/submitted/<student> --exercise chNN.name``;
+no course_lib/ handed in scores 0 with that reason. The judge used is the practice/ found
+above the notebook (this repository's, with hidden tests, since grading/ is inside it);
+with a course folder elsewhere, set $COURSE_PRACTICE_DIR to this repository's practice/.
+$COURSE_SUBMISSION_ROOT overrides the learner's folder. A cell whose GPU cases could not
+run on this machine scores 0 ("incomplete"): autograde GPU chapters on a GPU machine.
 
 Hidden tests live in practice/hidden/chapters/; the hidden-test cells find them through
 $COURSE_HIDDEN_DIR, else through the repository that holds the installed course_lib.

@@ -1,16 +1,21 @@
-"""The practice judge: list, start, test and (for instructors) check, grade and release problems.
+"""The judge: list, start, test and (for instructors) check, grade and release chapters and problems.
 
     python practice/judge.py list
+    python practice/judge.py test ch01                      # grade chapter 01's exercises in this course_lib
+    python practice/judge.py test ch01 --root DIR --exercise ch01.block_hash
     python practice/judge.py start inplace-requant          # copy the starter to practice/workspace/
     python practice/judge.py test inplace-requant           # grade your workspace copy
     python practice/judge.py bench fast-bucket-update       # a speed problem: your figure beside the reference's
     python practice/judge.py check                          # maintainers: references pass, starters and wrong answers fail
-    python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/<slug>.py
+    python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/{course_lib/,<slug>.py}
     python practice/judge.py release student/practice       # the student edition of practice/
 
-Needs only Python, pytest and what the problems import (torch, numpy). Every run is a
-separate pytest process with a time limit. Exit codes: 0 when every graded case passed,
-1 when a case failed (or nothing could be graded), 2 for a usage error.
+Needs only Python, pytest and what the tests import (torch, numpy). Every run is a
+separate pytest process with a time limit. Exit codes of test: 0 every case ran and
+passed; 1 a case failed (or nothing could be graded); 3 nothing failed but some cases
+were not graded (they need a GPU): incomplete, not a pass; 2 a usage error. check
+exits 0 when every rule holds, else 1; grade exits 0 when the gradebook is written and
+every case of every learner was graded, 3 when it is written but some cases need a GPU.
 """
 from __future__ import annotations
 
@@ -24,12 +29,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the judging package sits next to this file
 
-from judging import gradebook, problems, report  # noqa: E402
+from judging import chapters, gradebook, problems, regions, report  # noqa: E402
 from judging.bench import bench, has_bench  # noqa: E402
+from judging.chapter_run import exercise_results, run_chapter  # noqa: E402
+from judging.checks import chapter_checks, run_checks  # noqa: E402
 from judging.release import release  # noqa: E402
 from judging.run import run  # noqa: E402
 
 WORKSPACE = problems.PRACTICE / "workspace"
+REPO = problems.PRACTICE.parent
 
 
 class UsageError(Exception):
@@ -37,6 +45,11 @@ class UsageError(Exception):
 
 
 def cmd_list(args) -> int:
+    chapter_rows = [[ch.id, ch.title, ex.id, ex.title, f"{ex.points:g}"]
+                    for ch in chapters.all_chapters() for ex in ch.exercises]
+    if chapter_rows:
+        print(report.table(chapter_rows, ["chapter", "title", "exercise", "exercise title", "points"]))
+        print("\ngrade a chapter: python practice/judge.py test chNN [--root DIR]\n")
     rows = [[p.slug, p.title, p.chapter, p.difficulty, ", ".join(p.tags), "yes" if p.needs_cuda else "no"]
             for p in problems.all_problems()]
     print(report.table(rows, ["problem", "title", "chapter", "difficulty", "tags", "needs CUDA"]))
@@ -57,6 +70,10 @@ def cmd_start(args) -> int:
 
 
 def cmd_test(args) -> int:
+    if chapters.CHAPTER_ID.fullmatch(args.slug):
+        return _test_chapter(args)
+    if args.root or args.exercise:
+        raise UsageError("--root and --exercise grade a chapter (chNN); a problem grades --file")
     problem = _problem(args.slug)
     path = _workspace_file(problem, args.file)
     result = run(problem, path, timeout=args.timeout, select=args.k)
@@ -65,7 +82,28 @@ def cmd_test(args) -> int:
         print(json.dumps({**result.to_json(), "hidden_tests": hidden}, indent=1))
     else:
         report.print_run(result, _rel(problem.hidden_dir()))
-    return 0 if result.ok else 1
+    return result.exit_code
+
+
+def _test_chapter(args) -> int:
+    if args.file:
+        raise UsageError("a chapter grades the course_lib under --root DIR, not --file")
+    chapter = _chapter(args.slug)
+    root = Path(args.root) if args.root else REPO
+    try:
+        result = run_chapter(chapter, root, timeout=args.timeout, select=args.k, exercises=args.exercise)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
+    per_exercise = exercise_results(chapter, result, args.exercise)
+    status = report.chapter_status(result, per_exercise)
+    if args.json:
+        hidden = f"from {_rel(chapter.hidden_dir())}" if result.hidden else report.HIDDEN_ABSENT
+        print(json.dumps({**result.to_json(), "status": status, "hidden_tests": hidden, "exercises": per_exercise,
+                          "points": sum(e["earned"] for e in per_exercise),
+                          "max_points": sum(e["points"] for e in per_exercise)}, indent=1))
+    else:
+        report.print_chapter(chapter, result, per_exercise, _rel(chapter.hidden_dir()))
+    return {"pass": 0, "fail": 1, "incomplete": 3}[status]
 
 
 def cmd_bench(args) -> int:
@@ -85,25 +123,25 @@ def cmd_check(args) -> int:
         if not p.solution.is_file():
             raise UsageError(f"{p.slug} has no solution.py: check needs the instructor edition")
         todo += [(p, p.solution, True), (p, p.starter, False)] + [(p, w, False) for w in p.wrong_answers()]
-    if not todo:
-        raise UsageError(f"no problems in {_rel(problems.PROBLEMS)}")
+    all_chapters = chapters.all_chapters()
+    if not todo and not all_chapters:
+        raise UsageError(f"no problems in {_rel(problems.PROBLEMS)} and no chapters in {_rel(chapters.CHAPTERS)}")
     threads = max(1, (os.cpu_count() or 1) // args.jobs)  # the runs share the cores
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
-        results = list(pool.map(lambda t: run(t[0], t[1], timeout=args.timeout, threads=threads), todo))
-    rows, records, all_ok = [], [], True
-    for (p, path, should_pass), res in zip(todo, results):
-        verdict = report.check_verdict(should_pass, res)
-        all_ok &= verdict == "ok"
-        caught_by = sorted({c.case.split("::")[0] for c in res.cases if c.outcome == "fail"})
-        name = path.relative_to(p.path).as_posix()
-        rows.append([p.slug, name, "pass all" if should_pass else "fail some",
-                     report.summary(res), ", ".join(caught_by) or "-", verdict])
-        records.append({"problem": p.slug, "file": name, "should_pass": should_pass, "verdict": verdict,
-                        "result": res.to_json()})
+    jobs = [(p.slug, path.relative_to(p.path).as_posix(), should_pass,
+             lambda p=p, path=path: run(p, path, timeout=args.timeout, threads=threads))
+            for p, path, should_pass in todo]
+    jobs += chapter_checks(all_chapters, REPO, timeout=args.timeout, threads=threads)
+    rules = chapters.consistency(REPO, all_chapters) + [
+        f"{ex.id} has no wrong variant (hidden/chapters/{ch.id}/wrong/{ex.name}.<variant>.py)"
+        for ch in all_chapters for ex in ch.exercises if not ch.wrong_variants(ex)]
+    rows, records, all_ok = run_checks(jobs, args.jobs)
+    all_ok &= not rules
     if args.json:
-        print(json.dumps({"ok": all_ok, "checks": records}, indent=1))
+        print(json.dumps({"ok": all_ok, "rules": rules, "checks": records}, indent=1))
     else:
-        print(report.table(rows, ["problem", "file", "expected", "got", "failed in", "verdict"]))
+        print(report.table(rows, ["problem or exercise", "file", "expected", "got", "failed in", "verdict"]))
+        for rule in rules:
+            print(f"WRONG: {rule}")
         print("\ncheck: " + ("all hold" if all_ok else "some do NOT hold (see the verdict column)"))
     return 0 if all_ok else 1
 
@@ -113,15 +151,21 @@ def cmd_grade(args) -> int:
     if not submissions.is_dir():
         raise UsageError(f"no directory {submissions}")
     if not gradebook.learners(submissions):
-        raise UsageError(f"{submissions} has no learner folders (expected {submissions}/<learner>/<slug>.py)")
+        raise UsageError(f"{submissions} has no learner folders (expected {submissions}/<learner>/course_lib/ "
+                         "and/or <learner>/<slug>.py)")
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    rows = gradebook.grade(submissions, problems.all_problems(), timeout=args.timeout, progress=say)
-    csv_path, json_path = gradebook.write(rows, Path(args.out))
+    scores, cases = gradebook.grade(submissions, problems.all_problems(), chapters.all_chapters(),
+                                    timeout=args.timeout, progress=say)
+    paths = gradebook.write(scores, cases, Path(args.out))
+    sums = gradebook.totals(scores)
     if args.json:
-        print(json.dumps({"rows": rows, "totals": gradebook.totals(rows)}, indent=1))
+        print(json.dumps({"totals": sums, "scores": scores, "cases": cases}, indent=1))
     else:
-        print(f"wrote {csv_path} and {json_path}")
-    return 0 if all(r["result"] in ("pass", "not graded") for r in rows) else 1
+        print(report.table([[who, f"{t['points']:g}/{t['max_points']:g}", "complete" if t["complete"] else "INCOMPLETE"]
+                            for who, t in sorted(sums.items())], ["learner", "points", "graded"]))
+        print("wrote " + ", ".join(str(p) for p in paths))
+    # A learner's failures are grades, not errors; 3 says some cases could not run here.
+    return 0 if all(t["complete"] for t in sums.values()) else 3
 
 
 def cmd_release(args) -> int:
@@ -142,6 +186,13 @@ def _workspace_file(problem: problems.Problem, file: str | None) -> Path:
     return path
 
 
+def _chapter(chapter_id: str) -> chapters.Chapter:
+    try:
+        return chapters.load(chapter_id)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
+
+
 def _problem(slug: str) -> problems.Problem:
     try:
         return problems.load(slug)
@@ -159,23 +210,26 @@ def _rel(path: Path) -> str:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="judge.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="verb", required=True)
-    sub.add_parser("list", help="problems with chapter, difficulty, tags and whether they need CUDA")
+    sub.add_parser("list", help="chapters with their exercises; problems with chapter, difficulty, tags, CUDA")
     p = sub.add_parser("start", help="copy a problem's starter to practice/workspace/<slug>.py")
     p.add_argument("slug")
     p.add_argument("--force", action="store_true", help="replace an existing workspace file")
-    p = sub.add_parser("test", help="grade your file with the public tests (and hidden ones when present)")
-    p.add_argument("slug")
-    p.add_argument("--file", help="the file to grade (default: practice/workspace/<slug>.py)")
-    p.add_argument("-k", metavar="EXPR", help="run only the cases whose names match (pytest -k)")
+    p = sub.add_parser("test", help="grade a chapter (chNN) or a problem with the public tests (and hidden ones when present)")
+    p.add_argument("slug", help="a chapter (ch01) or a problem slug")
+    p.add_argument("--file", help="a problem: the file to grade (default: practice/workspace/<slug>.py)")
+    p.add_argument("--root", help="a chapter: the folder whose course_lib/ is graded (default: this checkout)")
+    p.add_argument("--exercise", action="append", metavar="ID",
+                   help="a chapter: grade only this exercise (chNN.name); repeatable")
+    p.add_argument("-k", metavar="EXPR", help="run only the cases whose names (or exercise ids) match (pytest -k)")
     p = sub.add_parser("bench", help="a speed problem: time your file beside the reference and the hardware's limit")
     p.add_argument("slug")
     p.add_argument("--file", help="the file to time (default: practice/workspace/<slug>.py)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when there is a GPU)")
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the benchmark is stopped")
-    p = sub.add_parser("check", help="maintainers: references pass every case, starters and wrong answers fail one")
+    p = sub.add_parser("check", help="maintainers: references pass every case; starters, stubs and wrong answers fail one")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="runs at once")
-    p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/<slug>.py into a gradebook")
+    p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/ (course_lib/, <slug>.py) into a gradebook")
     p.add_argument("submissions")
     p.add_argument("--out", default=".", help="where gradebook.csv and gradebook.json go (default: here)")
     p = sub.add_parser("release", help="copy the student edition of practice/ (no answers, no hidden tests)")
@@ -192,7 +246,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         return globals()[f"cmd_{args.verb}"](args)
-    except (UsageError, ValueError, FileExistsError, RuntimeError) as e:
+    except (UsageError, ValueError, FileExistsError, RuntimeError, regions.RegionError) as e:
         print(f"judge.py {args.verb}: {e}", file=sys.stderr)
         return 2
 

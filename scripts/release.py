@@ -1,18 +1,26 @@
-"""Build the student edition: the course without solutions or hidden tests.
+"""Build the student edition: the course with every exercise region stubbed, without solutions or hidden tests.
 
     python scripts/release.py                  # into student/ (git-ignored)
-    python scripts/release.py --dest DIR       # elsewhere; DIR is replaced
+    python scripts/release.py --out DIR        # elsewhere; DIR is replaced (--dest is the same)
 
 What it writes:
+- course_lib/: the library with the body of every exercise region (``# BEGIN EXERCISE
+  chNN.name`` ... ``# END EXERCISE``) replaced by one ``raise NotImplementedError(...)``
+  naming the chapter, the exercise and the notebook section; the markers, signatures and
+  docstrings stay. Every region must be registered in a practice/chapters/chNN/chapter.json.
 - notebooks/: nbgrader ``generate_assignment`` of the chapter notebooks (solutions become
   ``raise NotImplementedError()``, hidden tests are removed). It records the assignment in
   the instructor's gradebook (grading/ by default, see nbgrader_config.py), which
   ``nbgrader autograde`` needs later.
-- practice/: ``python practice/judge.py release`` (the judge's own step).
-- the library and its set-up: course_lib/, pyproject.toml, README.md, scripts/setup.sh, binder/.
+- practice/: ``python practice/judge.py release`` (the judge's own step: problems without
+  solutions or wrong answers, chapters' chapter.json and public tests, nothing of hidden/).
+- README.md (the learner's, from scripts/student_README.md), pyproject.toml (whose
+  ``python -m pytest`` runs the chapters' public tests), scripts/setup.sh, binder/, and
+  results/ (the recorded GPU results the notebooks show).
 
-Then it checks the result (``leaks``): no solution text and no hidden test anywhere in
-it. A leaking edition is deleted and the command exits 1.
+Then it checks the result (``leaks``): no line of a region's reference, no solution text,
+no hidden test and no wrong answer anywhere in it, and every region stubbed. A leaking
+edition is deleted and the command exits 1.
 """
 from __future__ import annotations
 
@@ -25,8 +33,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "practice"))  # the judge's package: regions and chapter registries
+from judging import chapters as registry  # noqa: E402
+from judging import regions  # noqa: E402
+
 ASSIGNMENT = "notebooks"  # nbgrader's assignment: the folder notebooks/ (see nbgrader_config.py)
-LIBRARY = ["course_lib", "pyproject.toml", "README.md", "scripts/setup.sh", "binder"]
+LIBRARY = ["course_lib", "pyproject.toml", "scripts/setup.sh", "binder", "results"]
+STUDENT_README = REPO / "scripts" / "student_README.md"
 MARKERS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"]
 SECRET_NAMES = {"solution.py", "test_hidden.py", "nbgrader_config.py", "gradebook.db"}
 
@@ -79,6 +92,50 @@ def copy_library(dest: Path) -> None:
         elif src.is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
+    stub_library(dest)
+    write_student_files(dest)
+
+
+def stub_library(dest: Path, repo: Path = REPO) -> int:
+    """Replace every region's body under ``dest``/course_lib by its stub; returns how many."""
+    chapters = registry.all_chapters()
+    problems = registry.consistency(repo, chapters)
+    if problems:
+        raise RuntimeError("exercise regions and chapter registries disagree:\n  " + "\n  ".join(problems))
+    stubs = registry.stub_bodies(chapters)
+    count = 0
+    for path in regions.source_files(dest):
+        text = path.read_text(encoding="utf-8")
+        found = regions.parse(text, path)
+        if found:
+            path.write_text(regions.replace_bodies(text, stubs, path), encoding="utf-8")
+            count += len(found)
+    return count
+
+
+def write_student_files(dest: Path) -> None:
+    """The learner's README (chapter list from the registries) and a pyproject whose pytest runs the public tests."""
+    rows = "\n".join(f"| {ch.id} | {ch.title} | {', '.join(f'`{e.id}`' for e in ch.exercises)} | `{ch.notebook}` |"
+                     for ch in registry.all_chapters())
+    (dest / "README.md").write_text(STUDENT_README.read_text(encoding="utf-8").replace("{chapters}", rows),
+                                    encoding="utf-8")
+    pyproject = dest / "pyproject.toml"
+    if pyproject.is_file():
+        text = pyproject.read_text(encoding="utf-8")
+        pyproject.write_text(text.replace('testpaths = ["tests"]', 'testpaths = ["practice/chapters"]'),
+                             encoding="utf-8")
+
+
+def unstubbed(edition: Path, repo: Path = REPO) -> list[str]:
+    """Regions of ``repo`` that are not stubbed in ``edition`` (missing, or holding more than the stub)."""
+    want = {r.id for r in regions.find(repo)}
+    found = {r.id: r for r in regions.find(edition)}
+    stubs = registry.stub_bodies(registry.all_chapters())
+    out = [f"region {rid} is missing from the student edition" for rid in sorted(want - set(found))]
+    for rid, r in sorted(found.items()):
+        if r.code_lines() != [stubs.get(rid, "").strip()]:
+            out.append(f"{r.path}:{r.begin + 1}: region {rid} is not stubbed")
+    return out
 
 
 def _lines(text: str) -> set[str]:
@@ -103,16 +160,44 @@ def secret_lines(repo: Path = REPO) -> set[str]:
         secret |= _lines(solution.read_text())
         public |= {line for f in solution.parent.glob("*") if f.is_file() and f.name != "solution.py"
                    for line in _lines(f.read_text(errors="replace"))}
-    for py in sorted((repo / "course_lib").rglob("*.py")):
-        public |= _lines(py.read_text())
+    outside = course_lib_outside_regions(repo)
+    public |= {line for f in (repo / "practice" / "chapters").rglob("*") if f.is_file()
+               for line in _lines(f.read_text(errors="replace"))}
+    public |= outside
     # Short or generic lines ("return x", "import os") say nothing about an answer.
-    return {s for s in secret - public if len(s) >= 24 and not s.startswith(("#", '"""'))}
+    hidden = {s for s in secret - public if len(s) >= 24 and not s.startswith(("#", '"""'))}
+    # A region's reference: its distinctive lines, unless the learner sees the same line
+    # outside every region of course_lib anyway (public tests do not excuse a line).
+    reference = {line for r in regions.find(repo) for line in r.code_lines()}
+    return hidden | {s for s in reference - outside if len(s) >= 20}
+
+
+def course_lib_outside_regions(repo: Path = REPO) -> set[str]:
+    """Lines of course_lib a learner sees: every file with the region bodies taken out."""
+    out = set()
+    for py in regions.source_files(repo):
+        text = py.read_text(encoding="utf-8")
+        bodies = {r.id: "pass\n" for r in regions.parse(text, py)}
+        out |= _lines(regions.replace_bodies(text, bodies, py))
+    return out
+
+
+def region_blocks(repo: Path = REPO) -> dict[str, tuple[str, ...]]:
+    """{region id: its code lines} for regions of two or more code lines: a copied body is a leak
+    even where each line alone is too short or too common to say so."""
+    return {r.id: tuple(r.code_lines()) for r in regions.find(repo) if len(r.code_lines()) >= 2}
+
+
+def _contains_block(lines: list[str], block: tuple[str, ...]) -> bool:
+    n = len(block)
+    return any(tuple(lines[i:i + n]) == block for i, line in enumerate(lines) if line == block[0])
 
 
 def leaks(edition: Path, repo: Path = REPO) -> list[str]:
     """Everything in ``edition`` that gives away an answer or a hidden test (empty: clean)."""
     found = []
     secrets = secret_lines(repo)
+    blocks = region_blocks(repo)
     for path in sorted(p for p in Path(edition).rglob("*") if p.is_file()):
         rel = path.relative_to(edition)
         if path.name in SECRET_NAMES or "hidden" in rel.parts or "wrong" in rel.parts:
@@ -126,6 +211,9 @@ def leaks(edition: Path, repo: Path = REPO) -> list[str]:
             text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
         found += [f"{rel}: contains the nbgrader marker {m!r}" for m in MARKERS if m in text]
         found += [f"{rel}: contains a line of a solution or hidden test: {s!r}" for s in sorted(secrets & _lines(text))]
+        code = [s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#")]
+        found += [f"{rel}: contains the reference body of region {rid}" for rid, b in blocks.items()
+                  if _contains_block(code, b)]
     return found
 
 
@@ -141,29 +229,32 @@ def build(dest: Path, practice: bool = True, course_root: Path | None = None) ->
     if practice:
         release_practice(dest)
     copy_library(dest)
-    problems = leaks(dest)
+    problems = unstubbed(dest) + leaks(dest)
     if problems:
         shutil.rmtree(dest)  # never leave a leaking edition behind
         raise RuntimeError("the student edition leaks answers (deleted):\n  " + "\n  ".join(problems))
-    return {"dest": str(dest), "notebooks": [n.name for n in notebooks], "practice": practice}
+    return {"dest": str(dest), "notebooks": [n.name for n in notebooks], "practice": practice,
+            "regions": len(regions.find(dest))}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dest", type=Path, default=REPO / "student", help="output folder (replaced); default student/")
+    parser.add_argument("--out", "--dest", dest="out", type=Path, default=REPO / "student",
+                        help="output folder (replaced); default student/ (--dest is the same option)")
     parser.add_argument("--no-practice", action="store_true", help="leave out practice/ (the judge's release step)")
     parser.add_argument("--course-root", type=Path, default=None,
                         help="nbgrader gradebook folder (default: grading/, from nbgrader_config.py)")
     args = parser.parse_args(argv)
     try:
-        summary = build(args.dest, practice=not args.no_practice, course_root=args.course_root)
-    except (RuntimeError, ValueError, subprocess.CalledProcessError) as exc:
+        summary = build(args.out, practice=not args.no_practice, course_root=args.course_root)
+    except (RuntimeError, ValueError, subprocess.CalledProcessError, regions.RegionError) as exc:
         print(f"release failed: {exc}", file=sys.stderr)
         return 1
     print(f"student edition in {summary['dest']}")
+    print(f"  course_lib/: {summary['regions']} exercise regions stubbed")
     print(f"  notebooks/: {', '.join(summary['notebooks'])} (solutions and hidden tests removed)")
     print("  practice/: " + ("from practice/judge.py release" if summary["practice"] else "left out (--no-practice)"))
-    print("  checked: no solution text, no hidden test, no instructor-only file")
+    print("  checked: every region stubbed; no reference line, no solution text, no hidden test, no instructor-only file")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The practice judge end to end: check, test, grade, release, hidden tests, CUDA cases, time limits.
+"""The judge end to end: check, test (problems and chapters), grade, release, hidden tests, CUDA cases, time limits.
 
 Each scenario runs the real command line (``python practice/judge.py ...``) in subprocesses,
 as learners and instructors do. Every grading run imports torch in its own process, so
@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ CUDA_CASE = "test_hidden.py::test_cuda_graph_replay_sees_the_update"
 NOT_PRESENT = "hidden tests: not present in this edition (public tests only)"
 
 sys.path.insert(0, str(PRACTICE))
-from judging import problems, report  # noqa: E402
+from judging import problems, regions, report  # noqa: E402
 from judging.run import Case, RunResult  # noqa: E402
 
 
@@ -86,6 +87,13 @@ def scenario_grade(tmp):
     }
     for who, text in sources.items():
         (subs / who / f"{SLUG}.py").write_text(text)
+    # Chapters: zoe hands in the reference course_lib, aaron one whose block hash ignores the prefix.
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "course_lib", subs / "zoe" / "course_lib", ignore=ignore)
+    shutil.copytree(REPO / "course_lib", subs / "aaron" / "course_lib", ignore=ignore)
+    target = subs / "aaron" / "course_lib" / "engine" / "block_manager.py"
+    wrong = (PRACTICE / "hidden/chapters/ch01/wrong/block_hash.no_chain.py").read_text()
+    target.write_text(regions.replace_bodies(target.read_text(), {"ch01.block_hash": wrong}))
     result = judge("grade", subs, "--out", tmp / "out")
     return result, tmp / "out", log, {who: hashlib.sha256(t.encode()).hexdigest() for who, t in sources.items()}, zoe_file
 
@@ -115,6 +123,39 @@ def scenario_bench(tmp):
         "slow": judge("bench", fast, "--file", FAST / "wrong" / "plans_every_tensor.py"),
         "student": judge("bench", fast, "--file", FAST / "solution.py", env={"COURSE_HIDDEN_DIR": str(tmp / "no-hidden")}),
         "not timed": judge("bench", SLUG, "--file", PROBLEM / "solution.py"),
+    }
+
+
+def _hidden_chapter(tmp, name, text):
+    d = tmp / name / "chapters" / "ch01"
+    d.mkdir(parents=True)
+    (d / "test_hidden.py").write_text(text)
+    return {"COURSE_HIDDEN_DIR": str(tmp / name)}
+
+
+def scenario_chapter(tmp):
+    """Chapter 01 on this checkout; with a GPU case (not run here); graded against a course_lib that
+    hands the run another one; with a case marked with no exercise."""
+    gpu = _hidden_chapter(tmp, "gpu", "import pytest\n"
+                          "pytestmark = pytest.mark.exercise('ch01.block_hash')\n"
+                          "def test_on_cpu():\n    pass\n"
+                          "@pytest.mark.cuda\ndef test_on_the_gpu():\n    pass\n")
+    unmarked = _hidden_chapter(tmp, "unmarked", "def test_no_exercise():\n    pass\n")
+    shim = tmp / "shim" / "course_lib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(  # a course_lib that swaps in another one
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('course_lib', {str(REPO / 'course_lib' / '__init__.py')!r},\n"
+        f"    submodule_search_locations=[{str(REPO / 'course_lib')!r}])\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['course_lib'] = m; spec.loader.exec_module(m)\n")
+    return {
+        "reference": judge("test", "ch01", "--json"),
+        "gpu": judge("test", "ch01", env=gpu),
+        "gpu json": judge("test", "ch01", "--json", env=gpu),
+        "shim": judge("test", "ch01", "--root", tmp / "shim"),
+        "unmarked": judge("test", "ch01", env=unmarked),
+        "unknown exercise": judge("test", "ch01", "--exercise", "ch01.nope"),
+        "problem with root": judge("test", SLUG, "--root", tmp),
     }
 
 
@@ -159,7 +200,9 @@ def test_starter_fails_and_solution_passes(ran):
     starter, solution = ran["starter"](), ran["solution"]()
     assert starter.returncode == 1, starter.stdout + starter.stderr
     assert "FAIL: " in starter.stdout
-    assert solution.returncode == 0, solution.stdout + solution.stderr
+    # Every case passed but the GPU case did not run here: incomplete, exit 3, never a plain pass.
+    assert solution.returncode == 3, solution.stdout + solution.stderr
+    assert "status: incomplete: 1 case(s) need a GPU" in solution.stdout
     verdicts = case_lines(solution.stdout)
     assert len(verdicts) > 40 and all(v == "pass" for c, v in verdicts.items() if c != CUDA_CASE)
     assert "hidden tests: from " in solution.stdout
@@ -189,16 +232,31 @@ def test_time_limit_fails_the_unfinished_case(ran):
 
 def test_grade_writes_the_gradebook_and_keeps_learners_apart(ran):
     r, out, log, shas, zoe_file = ran["grade"]()
-    assert r.returncode == 1, r.stdout + r.stderr  # aaron failed and mia handed in nothing
-    with open(out / "gradebook.csv", newline="") as f:
+    # Every case ran except inplace-requant's GPU case: the gradebook is written and marked incomplete (3).
+    assert r.returncode == 3, r.stdout + r.stderr
+    with open(out / "cases.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["learner", "problem", "case", "result", "message", "seconds"]
-    assert json.loads((out / "gradebook.json").read_text())["rows"] == [
-        {**row, "seconds": float(row["seconds"])} for row in rows]
-    # Every problem gets a row per learner; a problem a learner did not hand in is "not submitted".
-    assert {row["result"] for row in rows if row["learner"] == "mia"} == {"not submitted"}
-    assert {row["problem"] for row in rows if row["learner"] == "mia"} == {row["problem"] for row in rows}
-    by = {who: [row for row in rows if row["learner"] == who and row["problem"] == SLUG]
+    with open(out / "gradebook.csv", newline="") as f:
+        scores = list(csv.DictReader(f))
+    assert list(rows[0]) == ["learner", "item", "exercise", "case", "result", "message", "seconds"]
+    book = json.loads((out / "gradebook.json").read_text())
+    assert book["cases"] == [{**row, "seconds": float(row["seconds"])} for row in rows]
+    # Every problem and exercise gets a row per learner; what a learner did not hand in is "not submitted".
+    assert {row["status"] for row in scores if row["learner"] == "mia" and row["item"] != "TOTAL"} == {"not submitted"}
+    items = {row["item"] for row in scores}
+    assert {row["item"] for row in scores if row["learner"] == "mia"} == items and {"ch01", SLUG, "TOTAL"} <= items
+    score = {(row["learner"], row["item"], row["exercise"]): row for row in scores}
+    assert score[("zoe", "ch01", "ch01.block_hash")]["status"] == "pass"
+    assert float(score[("zoe", "ch01", "ch01.block_hash")]["points"]) == 2
+    assert score[("aaron", "ch01", "ch01.block_hash")]["status"] == "fail"
+    assert float(score[("aaron", "ch01", "ch01.block_hash")]["points"]) == 0
+    # zoe's inplace-requant: every case but the GPU one passed, so it is incomplete and earns 0.
+    assert score[("zoe", SLUG, "")]["status"] == "incomplete" and float(score[("zoe", SLUG, "")]["points"]) == 0
+    total = score[("zoe", "TOTAL", "")]
+    assert total["status"] == "incomplete" and float(total["points"]) == book["totals"]["zoe"]["points"] >= 2
+    assert float(total["max_points"]) == book["totals"]["mia"]["max_points"] > 2
+    assert book["totals"]["mia"]["points"] == 0
+    by = {who: [row for row in rows if row["learner"] == who and row["item"] == SLUG]
           for who in ("aaron", "zoe", "mia")}
     assert [row["result"] for row in by["mia"]] == ["not submitted"]
     zoe = {row["case"]: row["result"] for row in by["zoe"]}
@@ -256,9 +314,55 @@ def test_bench_reports_yours_beside_the_reference_and_the_copy_limit(ran):
     assert not_timed.returncode == 2 and "not a speed problem" in not_timed.stderr, not_timed.stderr
 
 
+def test_chapter_reference_passes_every_exercise(ran):
+    r = ran["chapter"]()["reference"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)
+    assert result["status"] == "pass" and result["hidden"] and result["points"] == result["max_points"] > 0
+    assert {e["exercise"]: e["status"] for e in result["exercises"]} == {"ch01.block_hash": "pass"}
+    assert all(c["exercise"] == "ch01.block_hash" for c in result["cases"])
+
+
+def test_chapter_gpu_cases_not_run_make_it_incomplete_exit_3(ran):
+    runs = ran["chapter"]()
+    r = runs["gpu"]
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "test_hidden.py::test_on_the_gpu ... not graded: needs CUDA" in r.stdout
+    assert "INCOMPLETE: 0/2 points" in r.stdout
+    assert "status: incomplete: 1 case(s) need a GPU and were not graded" in r.stdout
+    result = json.loads(runs["gpu json"].stdout)
+    assert result["status"] == "incomplete" and result["points"] == 0 and result["not_graded"] == 1
+
+
+def test_chapter_run_that_imports_another_course_lib_fails_loudly(ran):
+    r = ran["chapter"]()["shim"]
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"FAIL: the run imported course_lib from {os.path.realpath(REPO / 'course_lib')}, not " in r.stdout
+    assert "score: 0/" in r.stdout
+
+
+def test_chapter_cases_must_name_their_exercise_and_usage_errors_are_named(ran):
+    runs = ran["chapter"]()
+    r = runs["unmarked"]
+    assert r.returncode == 1 and "test_no_exercise ... FAIL: the case is marked with 0 exercises" in r.stdout, r.stdout
+    assert runs["unknown exercise"].returncode == 2 and "has no exercise 'ch01.nope'" in runs["unknown exercise"].stderr
+    assert runs["problem with root"].returncode == 2 and "grade a chapter" in runs["problem with root"].stderr
+
+
+def test_check_covers_chapter_exercises(ran):
+    checks = [c for c in json.loads(ran["check"]().stdout)["checks"] if c["problem"].startswith("ch01")]
+    got = {(c["problem"], c["file"]): c["verdict"] for c in checks}
+    assert got[("ch01", "reference (course_lib)")] == "ok" and got[("ch01.block_hash", "stub")] == "ok"
+    wrong = [k for k in got if k[1].startswith("wrong/")]
+    assert len(wrong) >= 3 and all(got[k] == "ok" for k in wrong), got
+    stub = next(c for c in checks if c["file"] == "stub")
+    assert stub["result"]["failed"] == len(stub["result"]["cases"]) > 0
+
+
 def test_list_shows_the_problem():
     r = judge("list")
     assert r.returncode == 0, r.stderr
+    assert re.search(r"^ch01 +The engine +ch01\.block_hash +A chained block hash +2$", r.stdout, re.M), r.stdout
     row = next(line for line in r.stdout.splitlines() if line.startswith(SLUG))
     assert row.split()[-1] == "no" and " 03 " in row and "medium" in row and "cuda-graphs" in row
 
@@ -284,6 +388,9 @@ def test_check_verdicts_say_what_is_wrong():
     assert report.check_verdict(False, result("pass", "fail")) == "ok"
     assert report.check_verdict(True, result("pass", hidden=False)).startswith("WRONG: no hidden tests")
     assert not result("not graded").ok and not result().ok and result("pass", "not graded").ok
+    assert [r.status for r in (result("pass"), result("pass", "not graded"), result("pass", "fail"),
+                               result("not graded"), result())] == ["pass", "incomplete", "fail", "fail", "fail"]
+    assert [result("pass").exit_code, result("pass", "not graded").exit_code, result("fail").exit_code] == [0, 3, 1]
 
 
 def test_runs_side_by_side_get_a_share_of_the_cores(monkeypatch, tmp_path):

@@ -2,15 +2,14 @@
 
 ``scripts/release.py`` builds the student edition (nbgrader generate_assignment, the
 judge's release of practice/, the library) and records the assignment in a throwaway
-gradebook. Three submissions are autograded: the source notebook (solutions in place:
-full marks), the untouched student notebook (zero on the warm-up it answers in the notebook,
-and no other cell fails), and answers that pass the visible checks but not the hidden ones.
-Feedback is generated and must show no hidden test's source. The hidden checks themselves
-must pass the reference answers and catch plausible wrong ones.
-
-The chapter's other graded cells grade the parts written inside ``course_lib`` (its
-exercise regions) in whatever course_lib the kernel imports; here that is this checkout's
-complete one, so they score full marks in every submission.
+gradebook. Three submissions are autograded, each handed in as nbgrader's
+``submitted/<student>/notebooks/`` beside the learner's ``submitted/<student>/course_lib/``:
+the source notebook with the instructor's course_lib (full marks), the untouched student
+notebook with the student edition's stubbed course_lib (zero on every graded cell, and no
+other cell fails), and answers that pass the visible checks but not the hidden ones.
+Feedback is generated and must show no hidden test's source. The hidden checks
+themselves must pass the reference answers and catch plausible wrong ones. The graded
+cell of region ch01.block_hash grades the submission's own course_lib through the judge.
 """
 from __future__ import annotations
 
@@ -62,9 +61,10 @@ def with_answers(notebook: Path, answers: dict[str, str]) -> dict:
     return nb
 
 
-# A plausible answer that passes every visible check: the prediction forgets block_size
+# Plausible answers that pass every visible check: the prediction forgets block_size
 # (every visible example uses blocks of 4).
 PARTLY_WRONG = {
+    "block_hash": "def block_hash(prev_hash, token_ids):\n    return hash((prev_hash, tuple(token_ids)))\n",
     "predict_cached_tokens": (
         "def predict_cached_tokens(prompt, earlier_prompts, block_size):\n"
         "    best = 0\n"
@@ -94,15 +94,25 @@ def course(tmp_path_factory):
         "untouched": json.loads(student.read_text()),
         "partly_wrong": with_answers(student, PARTLY_WRONG),
     }
+    libraries = {"reference": REPO / "course_lib", "untouched": edition / "course_lib",
+                 "partly_wrong": edition / "course_lib"}
     for name, nb in submissions.items():
         folder = root / "submitted" / name / release.ASSIGNMENT
         folder.mkdir(parents=True)
         (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(nb))
+        shutil.copytree(libraries[name], root / "submitted" / name / "course_lib",
+                        ignore=shutil.ignore_patterns("__pycache__"))
 
     api = release.nbgrader_api(release.course_config(root, edition))
-    for name in submissions:
-        result = api.autograde(release.ASSIGNMENT, name, force=True)
-        assert result["success"], f"autograde {name}: {result['error']}\n{result['log']}"
+    # This course folder is outside the repository, so the graded cells are told where the judge is.
+    saved = os.environ.get("COURSE_PRACTICE_DIR")
+    os.environ["COURSE_PRACTICE_DIR"] = str(REPO / "practice")
+    try:
+        for name in submissions:
+            result = api.autograde(release.ASSIGNMENT, name, force=True)
+            assert result["success"], f"autograde {name}: {result['error']}\n{result['log']}"
+    finally:
+        os.environ.pop("COURSE_PRACTICE_DIR") if saved is None else os.environ.update(COURSE_PRACTICE_DIR=saved)
     result = api.generate_feedback(release.ASSIGNMENT, force=True)
     assert result["success"], result["error"]
     return SimpleNamespace(root=root, edition=edition, no_judge=no_judge, release_output=run.stdout,
@@ -127,20 +137,35 @@ def test_reference_submission_gets_full_marks(course):
     assert got and all(score == top and top > 0 for score, top in got.values()), got
 
 
+def graded_output(course, student, grade_id):
+    cell = next(c for c in autograded_cells(course, student) if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    return json.dumps(cell["outputs"])
+
+
+def test_region_cell_grades_the_submissions_own_course_lib(course):
+    """ch01.block_hash: full marks with the instructor's course_lib (hidden tests ran), zero with the
+    student edition's stub, whose message the learner sees."""
+    assert grades(course, "reference")["test_ch01_block_hash"] == (2, 2)
+    assert grades(course, "untouched")["test_ch01_block_hash"] == (0, 2)
+    ref = graded_output(course, "reference", "test_ch01_block_hash")
+    assert str(course.root / "submitted" / "reference") in ref and "hidden tests too" in ref
+    assert "every case ran and passed" in ref
+    stub = graded_output(course, "untouched", "test_ch01_block_hash")
+    assert str(course.root / "submitted" / "untouched") in stub
+    assert "ch01.block_hash: write this part (chapter 01" in stub and "AssertionError" in stub
+
+
 def test_untouched_student_notebook_gets_zero_and_only_exercises_fail(course):
     got = grades(course, "untouched")
-    assert got["test_predict_cached_tokens"] == (0, 1), got
-    in_course_lib = {g for g in got if g != "test_predict_cached_tokens"}
-    assert in_course_lib and all(got[g][0] == got[g][1] > 0 for g in in_course_lib), \
-        f"the course_lib parts are graded in the complete course_lib here: {got}"
+    assert got and all(score == 0 for score, _ in got.values()), got
     failed = {c["metadata"].get("nbgrader", {}).get("grade_id") for c in autograded_cells(course, "untouched")
               if any(o["output_type"] == "error" for o in c.get("outputs", []))}
-    assert failed == {"test_predict_cached_tokens"}, f"cells that failed: {failed}"
+    assert failed == set(got), f"cells that failed: {failed}; graded cells: {set(got)}"
 
 
 def test_hidden_tests_catch_what_the_visible_checks_miss(course):
     got = grades(course, "partly_wrong")
-    assert got["test_block_hash"] == (2, 2) and got["test_predict_cached_tokens"] == (0, 1), got
+    assert got["test_block_hash"] == (2, 2) and got["test_predict_cached_tokens"] == (0, 2), got
     cell = next(c for c in autograded_cells(course, "partly_wrong")
                 if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_predict_cached_tokens")
     text = json.dumps(cell["outputs"])
@@ -173,7 +198,7 @@ def test_leak_check_can_fail(course, tmp_path):
     shutil.copy(REPO / "notebooks" / f"{CHAPTER}.ipynb", fake / "notebooks")  # the instructor's copy
     shutil.copytree(HIDDEN / "chapters", fake / "extra", ignore=shutil.ignore_patterns("__pycache__"))
     found = "\n".join(release.leaks(fake))
-    assert "BEGIN SOLUTION" in found and "longest = max(longest, n)" in found
+    assert "BEGIN SOLUTION" in found and "return hash((prev_hash, tuple(token_ids)))" in found
     assert "extra/ch01_the_engine.py: contains a line" in found
 
 
@@ -193,35 +218,18 @@ def test_hidden_checks_pass_the_reference_and_catch_wrong_answers():
         for name in [m for m in sys.modules if m == "chapters" or m.startswith("chapters.")]:
             del sys.modules[name]
     ns: dict = {}
-    exec(PARTLY_WRONG["predict_cached_tokens"], ns)
+    exec(PARTLY_WRONG["block_hash"] + PARTLY_WRONG["predict_cached_tokens"], ns)
+    exec("def no_chain(prev_hash, token_ids):\n    return hash(tuple(token_ids))\n", ns)
     reference = {}
     for cell in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]:
         if cell["metadata"].get("nbgrader", {}).get("solution"):
             exec("".join(cell["source"]), reference)
+    assert hidden.check_block_hash(reference["block_hash"]) == []
     assert hidden.check_predict_cached_tokens(reference["predict_cached_tokens"]) == []
+    assert hidden.check_block_hash(ns["no_chain"]), "a hash that ignores the prefix must fail"
     assert hidden.check_predict_cached_tokens(ns["predict_cached_tokens"]), "ignoring block_size must fail"
     latest_only = lambda prompt, earlier, bs: reference["predict_cached_tokens"](prompt, earlier[-1:], bs)  # noqa: E731
     assert hidden.check_predict_cached_tokens(latest_only), "comparing with the latest prompt only must fail"
-
-
-def test_check_exercise_runs_the_chapters_hidden_tests_on_the_imported_course_lib(monkeypatch):
-    """The graded cells' hidden check: passes this course_lib's block hash, fails a hash
-    without the chain, and counts an exercise with no case as a failure, never a pass."""
-    from course_lib.engine.block_manager import BlockManager
-
-    sys.path.insert(0, str(HIDDEN))
-    try:
-        from chapters import ch01_the_engine as hidden
-    finally:
-        sys.path.remove(str(HIDDEN))
-        for name in [m for m in sys.modules if m == "chapters" or m.startswith("chapters.")]:
-            del sys.modules[name]
-    assert hidden.check_exercise("ch01.block_hash") == []
-    assert hidden.check_exercise("ch01.no_such_part") == ["no hidden case of ch01.no_such_part ran (pytest exit code 5)"]
-    monkeypatch.setattr(BlockManager, "compute_hash", lambda self, token_ids, prefix: hash((self.salt, tuple(token_ids))))
-    failures = hidden.check_exercise("ch01.block_hash")
-    assert any("after a different prefix" in f or "hashes the same after" in f for f in failures), failures
-    assert not any("assert bm.compute_hash" in f for f in failures), "a failure message shows test source"
 
 
 def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
@@ -230,11 +238,44 @@ def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("")
     (stub / "ch01_the_engine.py").write_text(
-        "def check_exercise(exercise_id):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + exercise_id]\n")
+        "def check_block_hash(fn):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + fn.__name__]\n")
     cell = next("".join(c["source"]) for c in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]
                 if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_block_hash")
     hidden_part = cell[cell.index("### BEGIN HIDDEN TESTS"):]
-    program = hidden_part
+    program = "def block_hash(prev_hash, token_ids):\n    return 0\n" + hidden_part
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COURSE_HIDDEN_DIR": str(tmp_path / "hidden")}, cwd=tmp_path)
-    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with ch01.block_hash" in run.stderr, run.stderr
+    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with block_hash" in run.stderr, run.stderr
+
+
+def test_check_scores_zero_when_gpu_cases_did_not_run(tmp_path, monkeypatch, capsys):
+    """Exit 3 from the judge (nothing failed, a GPU case not run) is an AssertionError with that reason."""
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import notebook
+
+    hidden = tmp_path / "hidden" / "chapters" / "ch01"
+    hidden.mkdir(parents=True)
+    (hidden / "test_hidden.py").write_text("import pytest\npytestmark = pytest.mark.exercise('ch01.block_hash')\n"
+                                           "@pytest.mark.cuda\ndef test_on_the_gpu():\n    pass\n")
+    monkeypatch.setenv("COURSE_HIDDEN_DIR", str(tmp_path / "hidden"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with pytest.raises(AssertionError, match=r"incomplete: 1 case\(s\) need a GPU .* scores 0"):
+        notebook.check("ch01.block_hash", root=REPO)
+    assert "test_hidden.py::test_on_the_gpu ... not graded: needs CUDA" in capsys.readouterr().out
+
+
+def test_course_root_finds_the_submission_beside_nbgrader_autograded(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import notebook
+
+    monkeypatch.delenv("COURSE_SUBMISSION_ROOT", raising=False)
+    nb_dir = tmp_path / "grading" / "autograded" / "ann" / "notebooks"
+    nb_dir.mkdir(parents=True)
+    (tmp_path / "grading" / "submitted" / "ann").mkdir(parents=True)
+    with pytest.raises(AssertionError, match="no course_lib/ was handed in"):
+        notebook.course_root(nb_dir)
+    (tmp_path / "grading" / "submitted" / "ann" / "course_lib").mkdir()
+    (tmp_path / "grading" / "submitted" / "ann" / "course_lib" / "__init__.py").write_text("")
+    assert notebook.course_root(nb_dir) == tmp_path / "grading" / "submitted" / "ann"
+    assert notebook.course_root(REPO / "notebooks") == REPO

@@ -92,6 +92,11 @@ def test_notebook_is_an_nbgrader_source(path):
         assert "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
     for src, meta in tests:
         assert meta["points"] > 0 and meta["locked"]
+        region = re.search(r'^check\("(ch\d\d\.\w+)"\)', src, re.M)
+        if region:  # an exercise region's cell: the judge runs its public and hidden tests (practice/judging/notebook.py)
+            chapter = json.loads((REPO / "practice" / "chapters" / region[1][:4] / "chapter.json").read_text())
+            assert region[1] in {e["id"] for e in chapter["exercises"]}, f"{meta['grade_id']}: {region[1]} is not registered"
+            continue
         visible, _, hidden = src.partition("### BEGIN HIDDEN TESTS")
         assert "assert" in visible, f"{meta['grade_id']}: the learner sees some checks"
         calls = HIDDEN_CALL.findall(hidden)

@@ -1,8 +1,16 @@
-"""Grade a class: ``submissions/<learner>/<slug>.py`` for every learner and every problem.
+"""Grade a class: ``submissions/<learner>/`` for every learner, every chapter and every problem.
 
-Every learner's file is read into memory before any learner's code runs, so code that
-rewrites another learner's submission on disk cannot change that learner's grade; each
-file is then graded alone in its own process and temporary directory (see run.py).
+A learner's folder holds their ``course_lib/`` (graded chapter by chapter), and for
+practice problems ``<slug>.py`` files (and may hold notebooks/, which the judge does not
+read: nbgrader grades those). Everything a learner handed in is copied (course_lib) or
+read into memory (problem files) before any learner's code runs, so code that rewrites
+another learner's submission on disk cannot change that learner's grade; each chapter
+and each problem is then graded in its own process and temporary directory.
+
+Scores: an exercise earns its points (chapter.json) only when every one of its cases ran
+and passed; a problem earns its ``points`` (problem.md front matter, default 1) the same
+way. A case that needs a GPU this machine lacks is "not graded": the exercise is
+"incomplete" and earns 0, and the learner's total is marked incomplete.
 """
 from __future__ import annotations
 
@@ -12,68 +20,133 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from judging.chapter_run import exercise_results, run_chapter
+from judging.chapters import Chapter
 from judging.problems import HIDDEN_ABSENT, Problem
 from judging.run import run
 
-FIELDS = ["learner", "problem", "case", "result", "message", "seconds"]
+CASE_FIELDS = ["learner", "item", "exercise", "case", "result", "message", "seconds"]
+SCORE_FIELDS = ["learner", "item", "exercise", "status", "points", "max_points",
+                "passed", "failed", "not_graded", "message"]
 
 
 def learners(submissions: Path) -> list[str]:
     return sorted(p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def snapshot(submissions: Path, problems: list[Problem]) -> dict[str, dict[str, bytes | None]]:
-    return {who: {p.slug: _read(submissions / who / f"{p.slug}.py") for p in problems}
-            for who in learners(submissions)}
-
-
 def _read(path: Path) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
 
 
-def grade(submissions: Path, problems: list[Problem], *, timeout: float, progress=print) -> list[dict]:
-    """Rows of the gradebook, one per (learner, problem, case); a missing file is one 'not submitted' row."""
-    files = snapshot(submissions, problems)
-    for problem in problems:
-        if not problem.hidden_files():
-            progress(f"{problem.slug}: {HIDDEN_ABSENT}")
-    rows = []
-    for who, by_slug in files.items():
-        for problem in problems:
-            source = by_slug[problem.slug]
-            if source is None:
-                rows.append(dict(learner=who, problem=problem.slug, case="-", result="not submitted",
-                                 message=f"no file {who}/{problem.slug}.py", seconds=0.0))
-                progress(f"{who} / {problem.slug}: not submitted")
-                continue
-            staging = Path(tempfile.mkdtemp(prefix="judge-submission-"))
-            try:
-                path = staging / f"{problem.slug}.py"
-                path.write_bytes(source)
-                result = run(problem, path, timeout=timeout)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            rows += [dict(learner=who, problem=problem.slug, case=c.case, result=c.outcome,
-                          message=c.message, seconds=c.seconds) for c in result.cases]
-            progress(f"{who} / {problem.slug}: {result.count('pass')}/{result.graded} graded cases passed"
-                     + (f", {result.count('not graded')} not graded (needs CUDA)" if result.count("not graded") else ""))
-    return rows
-
-
-def totals(rows: list[dict]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for r in rows:
-        t = out.setdefault(r["learner"], {"pass": 0, "fail": 0, "not graded": 0, "not submitted": 0})
-        t[r["result"]] += 1
+def snapshot(submissions: Path, problems: list[Problem], staging: Path) -> dict[str, dict]:
+    """Each learner's problem files (bytes) and a private copy of their course_lib, taken before anything runs."""
+    out = {}
+    for who in learners(submissions):
+        lib = submissions / who / "course_lib"
+        root = None
+        if (lib / "__init__.py").is_file():
+            root = staging / who
+            shutil.copytree(lib, root / "course_lib", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        out[who] = {"root": root, "files": {p.slug: _read(submissions / who / f"{p.slug}.py") for p in problems}}
     return out
 
 
-def write(rows: list[dict], out: Path) -> tuple[Path, Path]:
+def grade(submissions: Path, problems: list[Problem], chapters: list[Chapter], *, timeout: float,
+          progress=print) -> tuple[list[dict], list[dict]]:
+    """(score rows: one per learner and exercise or problem, case rows: one per case)."""
+    staging = Path(tempfile.mkdtemp(prefix="judge-class-"))
+    try:
+        taken = snapshot(submissions, problems, staging)
+        for item in [*chapters, *problems]:
+            if not item.hidden_files():
+                progress(f"{getattr(item, 'slug', None) or item.id}: {HIDDEN_ABSENT}")
+        scores, cases = [], []
+        for who, sub in taken.items():
+            for ch in chapters:
+                _grade_chapter(who, ch, sub["root"], timeout, scores, cases, progress)
+            for problem in problems:
+                _grade_problem(who, problem, sub["files"][problem.slug], timeout, scores, cases, progress)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return scores, cases
+
+
+def _grade_chapter(who, ch: Chapter, root, timeout, scores, cases, progress) -> None:
+    if root is None:
+        for ex in ch.exercises:
+            scores.append(_score(who, ch.id, ex.id, "not submitted", 0, ex.points, message=f"no {who}/course_lib/"))
+        progress(f"{who} / {ch.id}: not submitted (no course_lib/)")
+        return
+    result = run_chapter(ch, root, timeout=timeout)
+    cases += [dict(learner=who, item=ch.id, exercise=c.exercise, case=c.case, result=c.outcome,
+                   message=c.message, seconds=c.seconds) for c in result.cases]
+    for ex in exercise_results(ch, result):
+        scores.append(_score(who, ch.id, ex["exercise"], ex["status"], ex["earned"], ex["points"],
+                             ex["passed"], ex["failed"], ex["not_graded"], ex["message"]))
+    progress(f"{who} / {ch.id}: {result.count('pass')}/{result.graded} graded cases passed"
+             + (f", {result.count('not graded')} not graded (needs CUDA)" if result.count("not graded") else ""))
+
+
+def _grade_problem(who, problem: Problem, source, timeout, scores, cases, progress) -> None:
+    top = problem.points
+    if source is None:
+        scores.append(_score(who, problem.slug, "", "not submitted", 0, top, message=f"no file {who}/{problem.slug}.py"))
+        cases.append(dict(learner=who, item=problem.slug, exercise="", case="-", result="not submitted",
+                          message=f"no file {who}/{problem.slug}.py", seconds=0.0))
+        progress(f"{who} / {problem.slug}: not submitted")
+        return
+    staging = Path(tempfile.mkdtemp(prefix="judge-submission-"))
+    try:
+        path = staging / f"{problem.slug}.py"
+        path.write_bytes(source)
+        result = run(problem, path, timeout=timeout)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    cases += [dict(learner=who, item=problem.slug, exercise="", case=c.case, result=c.outcome,
+                   message=c.message, seconds=c.seconds) for c in result.cases]
+    first_failure = next((c.message for c in result.cases if c.outcome == "fail"), "")
+    scores.append(_score(who, problem.slug, "", result.status, top if result.status == "pass" else 0, top,
+                         result.count("pass"), result.count("fail"), result.count("not graded"), first_failure))
+    progress(f"{who} / {problem.slug}: {result.count('pass')}/{result.graded} graded cases passed"
+             + (f", {result.count('not graded')} not graded (needs CUDA)" if result.count("not graded") else ""))
+
+
+def _score(who, item, exercise, status, points, top, passed=0, failed=0, not_graded=0, message=""):
+    return dict(learner=who, item=item, exercise=exercise, status=status, points=points, max_points=top,
+                passed=passed, failed=failed, not_graded=not_graded, message=message)
+
+
+def totals(scores: list[dict]) -> dict[str, dict]:
+    """Per learner: points of max_points, and whether every case of every item was graded."""
+    out: dict[str, dict] = {}
+    for r in scores:
+        t = out.setdefault(r["learner"], {"points": 0, "max_points": 0, "complete": True,
+                                          "pass": 0, "fail": 0, "incomplete": 0, "not submitted": 0})
+        t["points"] += r["points"]
+        t["max_points"] += r["max_points"]
+        t[r["status"]] += 1
+        t["complete"] &= r["status"] != "incomplete"
+    return out
+
+
+def write(scores: list[dict], cases: list[dict], out: Path) -> list[Path]:
+    """gradebook.csv (a row per learner and exercise or problem, then a TOTAL row per learner),
+    cases.csv (a row per case) and gradebook.json (all of it, with totals)."""
     out.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out / "gradebook.csv", out / "gradebook.json"
-    with open(csv_path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path.write_text(json.dumps({"rows": rows, "totals": totals(rows)}, indent=1) + "\n", encoding="utf-8")
-    return csv_path, json_path
+    sums = totals(scores)
+    rows = []
+    for who in sorted(sums):
+        rows += [r for r in scores if r["learner"] == who]
+        t = sums[who]
+        rows.append(_score(who, "TOTAL", "", "complete" if t["complete"] else "incomplete", t["points"],
+                           t["max_points"], message=f"{t['pass']} passed, {t['fail']} failed, {t['incomplete']} "
+                                                    f"incomplete (GPU cases not run), {t['not submitted']} not submitted"))
+    paths = [out / "gradebook.csv", out / "cases.csv", out / "gradebook.json"]
+    for path, fields, data in [(paths[0], SCORE_FIELDS, rows), (paths[1], CASE_FIELDS, cases)]:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(data)
+    paths[2].write_text(json.dumps({"totals": sums, "scores": scores, "cases": cases}, indent=1) + "\n",
+                        encoding="utf-8")
+    return paths

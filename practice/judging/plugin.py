@@ -5,6 +5,13 @@ It gives tests the ``candidate`` fixture (the learner's module, loaded from the 
 "not graded" on a machine without CUDA, and writes one JSON line per case to the file
 named by ``$COURSE_JUDGE_RESULTS``. Any skip that is not "needs CUDA" is a failure: a
 skipped case never counts as passed.
+
+In a chapter run (``$COURSE_CHAPTER_EXERCISES`` names the chapter's exercise ids) every
+case must carry exactly one ``@pytest.mark.exercise("chNN.name")`` of that chapter, or it
+fails; ``$COURSE_SELECT_EXERCISES`` keeps only the cases of the exercises it names, and
+an exercise id also works as a ``-k`` keyword. ``$COURSE_LIB_ROOT`` is the edition being
+graded: the run records which ``course_lib`` it imported, and if that is not the one
+under ``$COURSE_LIB_ROOT`` every case fails, so a grader can never grade the wrong code.
 """
 from __future__ import annotations
 
@@ -20,6 +27,12 @@ _RESULTS = os.environ.pop("COURSE_JUDGE_RESULTS", None)
 _NEEDS_CUDA_REASON = "needs CUDA"
 _pending: dict[str, dict] = {}
 _not_graded: set[str] = set()
+_broken: dict[str, str] = {}  # nodeid -> why the case fails before it runs
+_exercise_of: dict[str, str] = {}
+_CHAPTER = [e for e in os.environ.get("COURSE_CHAPTER_EXERCISES", "").split(",") if e]
+_SELECT = {e for e in os.environ.get("COURSE_SELECT_EXERCISES", "").split(",") if e}
+_LIB_ROOT = os.environ.get("COURSE_LIB_ROOT")
+_wrong_course_lib: str | None = None
 
 
 def _emit(record: dict) -> None:
@@ -38,11 +51,50 @@ def _cuda_available() -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: the case needs an NVIDIA GPU; without one it is not graded")
+    config.addinivalue_line("markers", "exercise(id): the chapter exercise (chNN.name) this case grades")
+    if _LIB_ROOT:
+        _check_course_lib()
 
 
+def _check_course_lib() -> None:
+    """Import course_lib now and record where it came from; a mismatch fails every case."""
+    global _wrong_course_lib
+    want = os.path.realpath(os.path.join(_LIB_ROOT, "course_lib"))
+    try:
+        import course_lib
+    except BaseException as e:  # noqa: BLE001 - the learner's package may not even import
+        _emit({"event": "course_lib", "file": None, "error": f"{type(e).__name__}: {e}"})
+        return  # the test modules fail to import too, each with this error
+    got = os.path.realpath(os.path.dirname(course_lib.__file__ or ""))
+    _emit({"event": "course_lib", "file": got})
+    if got != want:
+        _wrong_course_lib = (f"the run imported course_lib from {got}, not the one being graded ({want}); "
+                             "nothing was graded")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -k selection, which reads the keywords added here
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        marks = [m for m in item.iter_markers("exercise")]
+        ids = [m.args[0] if m.args else None for m in marks]
+        if ids:
+            _exercise_of[item.nodeid] = ids[0]
+            item.extra_keyword_matches.add(ids[0])
+        if _wrong_course_lib:
+            _broken[item.nodeid] = _wrong_course_lib
+        elif _CHAPTER and len(ids) != 1:
+            _broken[item.nodeid] = (f"the case is marked with {len(ids)} exercises {ids}; mark it with exactly one "
+                                    "@pytest.mark.exercise(\"chNN.name\")")
+        elif _CHAPTER and ids[0] not in _CHAPTER:
+            _broken[item.nodeid] = f"the case is marked with exercise {ids[0]!r}, which is not one of {_CHAPTER}"
+    if _SELECT:
+        keep = [it for it in items if _exercise_of.get(it.nodeid) in _SELECT]
+        dropped = [it for it in items if _exercise_of.get(it.nodeid) not in _SELECT]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
     whole_problem = os.environ.get("COURSE_REQUIRES_CUDA") == "1"
-    needing = [it for it in items if whole_problem or it.get_closest_marker("cuda")]
+    needing = [it for it in items if (whole_problem or it.get_closest_marker("cuda")) and it.nodeid not in _broken]
     if needing and not _cuda_available():
         for item in needing:
             item.add_marker(pytest.mark.skip(reason=_NEEDS_CUDA_REASON))
@@ -50,7 +102,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    _emit({"event": "collected", "cases": [it.nodeid for it in session.items]})
+    _emit({"event": "collected", "cases": [it.nodeid for it in session.items],
+           "exercises": {it.nodeid: _exercise_of[it.nodeid] for it in session.items if it.nodeid in _exercise_of}})
+
+
+def pytest_runtest_setup(item):
+    if item.nodeid in _broken:
+        pytest.fail(_broken[item.nodeid], pytrace=False)
 
 
 def pytest_collectreport(report):
@@ -65,6 +123,8 @@ def pytest_runtest_logreport(report):
     if state["outcome"] == "pass":
         if report.failed:
             where = {"setup": "while preparing the case: ", "teardown": "while cleaning up: "}.get(report.when, "")
+            if report.nodeid in _broken:
+                where = ""  # the judge's own reason, not the case's set-up
             state.update(outcome="fail", message=where + _message(report))
         elif report.skipped:
             reason = _skip_reason(report)

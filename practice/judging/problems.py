@@ -28,6 +28,7 @@ class Problem:
     difficulty: str
     tags: list[str] = field(default_factory=list)
     requires: list[str] = field(default_factory=list)
+    points: float = 1.0  # what the gradebook gives a complete pass (front matter ``points:``)
 
     @property
     def needs_cuda(self) -> bool:
@@ -113,8 +114,12 @@ def load(slug: str) -> Problem:
     if missing:
         raise ValueError(f"{slug}/problem.md: front matter lacks {', '.join(missing)}")
     as_list = lambda v: v if isinstance(v, list) else [v]  # noqa: E731 - "tags: int8" means [int8]
+    try:
+        points = float(meta.get("points", 1))
+    except ValueError:
+        raise ValueError(f"{slug}/problem.md: points must be a number, got {meta['points']!r}") from None
     return Problem(slug, path, meta["title"], str(meta["chapter"]), str(meta["difficulty"]),
-                   as_list(meta.get("tags", [])), as_list(meta.get("requires", [])))
+                   as_list(meta.get("tags", [])), as_list(meta.get("requires", [])), points)
 
 
 def all_problems() -> list[Problem]:

@@ -1,14 +1,16 @@
 """The judge's step of building the student edition: practice/ without answers or hidden tests.
 
-What is copied is an allow-list (the judge, and per problem its problem.md, starter.py,
-test_public.py and support modules), and the result is then checked: a released file
-whose text equals a solution, a wrong answer or a hidden test stops the release.
+What is copied is an allow-list (the judge; per problem its problem.md, starter.py,
+test_public.py and support modules; per chapter its chapter.json, test_public.py and
+support modules, plus chapters/conftest.py), and the result is then checked: a released
+file whose text equals a solution, a wrong answer or a hidden test stops the release.
 """
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+from judging.chapters import CHAPTERS, all_chapters
 from judging.problems import PRACTICE, all_problems
 
 TOP_FILES = ["judge.py", "README.md", ".gitignore"]
@@ -30,6 +32,13 @@ def release(dest: Path, force: bool = False) -> list[Path]:
         for src in [problem.path / "problem.md", problem.starter] + problem.public_files():
             written.append(_copy(src, dest / "problems" / problem.slug / src.name))
         secrets += [problem.solution, *problem.wrong_answers(), *sorted(problem.hidden_dir().glob("*.py"))]
+    if (CHAPTERS / "conftest.py").is_file():
+        written.append(_copy(CHAPTERS / "conftest.py", dest / "chapters" / "conftest.py"))
+    for chapter in all_chapters():
+        for src in [chapter.path / "chapter.json"] + chapter.public_files():
+            written.append(_copy(src, dest / "chapters" / chapter.id / src.name))
+        if chapter.hidden_dir().is_dir():
+            secrets += sorted(chapter.hidden_dir().rglob("*.py"))
     try:
         _check_no_secrets(written, [s for s in secrets if s.is_file()])
     except RuntimeError:

@@ -31,6 +31,7 @@ def print_run(result: RunResult, hidden_dir) -> None:
     for case in result.cases:
         print(case_line(case))
     print(score_line(result))
+    print(status_line(result.status, result))
 
 
 def summary(result: RunResult) -> str:
@@ -60,3 +61,36 @@ def check_verdict(should_pass: bool, result: RunResult) -> str:
             return f"WRONG: the reference fails {bad.case}: {bad.message}"
         return "ok" if result.graded else "WRONG: nothing was graded"
     return "ok" if result.count("fail") else "WRONG: passes every graded case"
+
+
+def print_chapter(chapter, result: RunResult, exercises: list[dict], hidden_dir) -> None:
+    """A chapter run: its cases under each exercise, a line per exercise, then the score and status."""
+    print(f"{chapter.id} · {chapter.title}: grading the course_lib in {result.file}")
+    print(f"hidden tests: from {hidden_dir}" if result.hidden else HIDDEN_ABSENT)
+    for ex in exercises:
+        print(f"{ex['exercise']} · {ex['title']} ({ex['points']:g} points)")
+        for case in result.cases:
+            if case.exercise in (ex["exercise"], ""):
+                print(case_line(case))
+        verdict = {"pass": "pass", "fail": "FAIL", "incomplete": "INCOMPLETE"}[ex["status"]]
+        print(f"  => {verdict}: {ex['earned']:g}/{ex['points']:g} points" + (f" ({ex['message']})" if ex["message"] else ""))
+    print(score_line(result))
+    earned, top = sum(e["earned"] for e in exercises), sum(e["points"] for e in exercises)
+    print(f"points: {earned:g}/{top:g}")
+    print(status_line(chapter_status(result, exercises), result))
+
+
+def chapter_status(result: RunResult, exercises: list[dict]) -> str:
+    statuses = {e["status"] for e in exercises} | {result.status}
+    return "fail" if "fail" in statuses else "incomplete" if "incomplete" in statuses else "pass"
+
+
+def status_line(status: str, result: RunResult) -> str:
+    """The last line of a run: 'complete' only when every case ran and passed."""
+    gpu = result.count("not graded")
+    if status == "pass":
+        return "status: complete (every case ran and passed)"
+    if status == "incomplete":
+        return (f"status: incomplete: {gpu} case(s) need a GPU and were not graded; nothing failed, "
+                "but this is not a pass until they run on a GPU (exit code 3)")
+    return "status: FAIL" + (f" ({gpu} more case(s) need a GPU and were not graded)" if gpu else "")

@@ -33,6 +33,12 @@ class Case:
     outcome: str  # "pass", "fail" or "not graded"
     message: str = ""
     seconds: float = 0.0
+    exercise: str = ""  # the chapter exercise the case grades ("" for a problem's cases)
+
+
+# A run's status and the judge's exit code for it. A case that did not run is never a
+# pass: "incomplete" (nothing failed, some cases need a GPU this machine lacks) has its own code.
+EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
 
 
 @dataclass
@@ -53,13 +59,24 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        """Every graded case passed, and at least one case was graded."""
+        """Every graded case passed, and at least one case was graded (some may not have run)."""
         return self.graded > 0 and self.count("fail") == 0
+
+    @property
+    def status(self) -> str:
+        """'pass' (every case ran and passed), 'incomplete' (nothing failed, some did not run) or 'fail'."""
+        if not self.ok:
+            return "fail"
+        return "incomplete" if self.count("not graded") else "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.update(passed=self.count("pass"), failed=self.count("fail"),
-                 not_graded=self.count("not graded"), ok=self.ok)
+                 not_graded=self.count("not graded"), ok=self.ok, status=self.status)
         return d
 
 
@@ -151,23 +168,31 @@ def _kill_group(proc):
         pass
 
 
-def _cases(results: Path, returncode: int, timed_out: bool, timeout: float, output: str) -> list[Case]:
-    collected, done = [], {}
+def records(results: Path) -> list[dict]:
+    """The plugin's JSON lines (see plugin.py)."""
+    out = []
     if results.exists():
         for line in results.read_text(encoding="utf-8").splitlines():
             try:
-                rec = json.loads(line)
+                out.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a half-written last line from a killed run
-            if rec.get("event") == "collected":
-                collected = rec["cases"]
-            elif rec.get("event") == "case":
-                done[rec["case"]] = Case(rec["case"], rec["outcome"], rec["message"], round(rec["seconds"], 3))
+    return out
+
+
+def _cases(results: Path, returncode: int, timed_out: bool, timeout: float, output: str) -> list[Case]:
+    collected, done, exercise_of = [], {}, {}
+    for rec in records(results):
+        if rec.get("event") == "collected":
+            collected, exercise_of = rec["cases"], rec.get("exercises", {})
+        elif rec.get("event") == "case":
+            done[rec["case"]] = Case(rec["case"], rec["outcome"], rec["message"], round(rec["seconds"], 3),
+                                     exercise_of.get(rec["case"], ""))
     if timed_out:
         why = f"did not finish within the time limit of {timeout:g} s"
     else:
         why = f"did not finish: the test process ended early (exit code {returncode})"
-    cases = [done.pop(c, None) or Case(c, "fail", why) for c in collected]
+    cases = [done.pop(c, None) or Case(c, "fail", why, exercise=exercise_of.get(c, "")) for c in collected]
     cases += done.values()  # collection errors
     if not cases:
         tail = " ".join(output.strip().splitlines()[-3:]) or "no output"

@@ -1,0 +1,120 @@
+"""One graded run of a chapter: the chapter's tests against the ``course_lib`` of an edition.
+
+The run happens like a problem's (run.py): a fresh temporary directory holding only the
+chapter's public tests, its hidden tests when this edition has them, and the judge's
+plugin; pytest in its own process group with a time limit. ``PYTHONPATH`` is the graded
+edition's root alone, so ``import course_lib`` is that edition's; the plugin records
+which ``course_lib`` was imported, and a run that imported another one fails every case
+(``$COURSE_LIB_ROOT``, see plugin.py), as does a run that cannot say.
+
+An exercise passes only when every one of its cases ran and passed; its points are all
+or nothing. A case that belongs to no exercise (a test file that cannot be imported)
+counts against every exercise of the chapter.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from judging.chapters import Chapter
+from judging.run import PLUGIN, Case, RunResult, _cases, _run_limited, records
+
+
+def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: float = 300.0,
+                select: str | None = None, exercises: list[str] | None = None,
+                threads: int | None = None) -> RunResult:
+    """Grade chapter ``chapter``'s exercises in ``root``/course_lib (``exercises``: only these ids)."""
+    root = Path(root).resolve()
+    if not (root / "course_lib" / "__init__.py").is_file():
+        raise ValueError(f"no course_lib/ to grade in {root} (expected {root / 'course_lib' / '__init__.py'})")
+    for ex in exercises or []:
+        chapter.exercise(ex)  # an unknown id is a usage error, named
+    hidden_files = chapter.hidden_files() if hidden else []
+    result = RunResult(chapter.id, str(root), bool(hidden_files))
+    tmp = Path(tempfile.mkdtemp(prefix=f"judge-{chapter.id}-"))
+    try:
+        work = tmp / "work"
+        work.mkdir()
+        tests = []
+        for src in chapter.public_files() + hidden_files:
+            if (work / src.name).exists():
+                raise ValueError(f"{src} has the same name as another test file of {chapter.id}")
+            shutil.copyfile(src, work / src.name)
+            tests.append(src.name)
+        if "test_public.py" not in tests:
+            raise ValueError(f"chapter {chapter.id} has no test_public.py in {chapter.path}")
+        (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
+        shutil.copyfile(PLUGIN, work / "conftest.py")
+        results = tmp / "results.jsonl"  # outside the directory the tests run in
+        env = _environment(root, results, chapter, exercises, threads)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
+               "--rootdir", str(work), *[t for t in tests if t.startswith("test_")]]
+        if select:
+            cmd += ["-k", select]
+        start = time.perf_counter()
+        output, returncode, timed_out = _run_limited(cmd, work, env, timeout)
+        result.seconds = time.perf_counter() - start
+        result.output = output[-4000:]
+        result.cases = _cases(results, returncode, timed_out, timeout, output)
+        _verify_course_lib(result, results, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _environment(root: Path, results: Path, chapter: Chapter, exercises, threads) -> dict:
+    drop = ("PYTEST_ADDOPTS", "COURSE_JUDGE_RESULTS", "PYTHONPATH", "COURSE_CANDIDATE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if threads and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads)  # runs side by side share the cores (see run.py)
+    env.update(
+        PYTHONPATH=str(root),  # only the graded edition: its course_lib, nobody else's
+        COURSE_LIB_ROOT=str(root),
+        COURSE_JUDGE_RESULTS=str(results),
+        COURSE_CHAPTER_EXERCISES=",".join(e.id for e in chapter.exercises),
+        COURSE_SELECT_EXERCISES=",".join(exercises or []),
+        COURSE_REQUIRES_CUDA="0",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+    )
+    return env
+
+
+def _verify_course_lib(result: RunResult, results: Path, root: Path) -> None:
+    """Fail the run loudly unless it says it imported ``root``/course_lib."""
+    seen = [r for r in records(results) if r.get("event") == "course_lib"]
+    want = os.path.realpath(root / "course_lib")
+    if seen and (seen[0].get("file") is None or seen[0]["file"] == want):
+        return  # imported the right one, or could not import it at all (each test module says why)
+    why = (f"the run imported course_lib from {seen[0]['file']}, not from {want}" if seen
+           else "the run did not report which course_lib it imported")
+    result.cases = [Case(c.case, "fail", f"{why}; nothing was graded", c.seconds, c.exercise)
+                    for c in result.cases] or [Case("(course_lib)", "fail", why)]
+
+
+def exercise_results(chapter: Chapter, result: RunResult, only: list[str] | None = None) -> list[dict]:
+    """Per exercise: status (pass / fail / incomplete), case counts, points earned of points."""
+    out = []
+    for ex in chapter.exercises:
+        if only and ex.id not in only:
+            continue
+        cases = [c for c in result.cases if c.exercise in (ex.id, "")]
+        failed = [c for c in cases if c.outcome == "fail"]
+        not_graded = [c for c in cases if c.outcome == "not graded"]
+        if failed or not cases:
+            status = "fail"
+            message = failed[0].message if failed else "no case grades this exercise"
+        elif not_graded:
+            status = "incomplete"
+            message = f"{len(not_graded)} case(s) need a GPU and were not graded; scored 0 until they run"
+        else:
+            status, message = "pass", ""
+        out.append(dict(exercise=ex.id, title=ex.title, status=status, points=ex.points,
+                        earned=ex.points if status == "pass" else 0,
+                        passed=sum(c.outcome == "pass" for c in cases), failed=len(failed),
+                        not_graded=len(not_graded), message=message))
+    return out

@@ -1,0 +1,155 @@
+"""Chapters on disk: ``practice/chapters/chNN/chapter.json`` and the exercises it registers.
+
+::
+
+    practice/chapters/ch01/chapter.json          the registry (shipped)
+    practice/chapters/ch01/test_public.py        public tests (shipped)
+    practice/hidden/chapters/ch01/test_hidden.py hidden tests (instructor only)
+    practice/hidden/chapters/ch01/wrong/<name>.<variant>.py
+                                                 wrong bodies for region ch01.<name> (instructor only)
+
+``chapter.json``::
+
+    {"chapter": "ch01", "title": "The engine", "notebook": "notebooks/01_the_engine.ipynb",
+     "exercises": [{"id": "ch01.block_hash", "title": "A chained block hash",
+                    "section": "Exercise 1 · A chained block hash", "points": 2}]}
+
+Every exercise id is a region in ``course_lib`` and every region is an exercise of
+exactly one chapter (``consistency`` says what is off). Hidden tests are looked up in
+``$COURSE_HIDDEN_DIR/chapters/chNN/`` when that is set, else ``practice/hidden/chapters/chNN/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from judging import regions
+from judging.problems import PRACTICE
+
+CHAPTERS = PRACTICE / "chapters"
+CHAPTER_ID = re.compile(r"ch\d\d")
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    title: str
+    section: str
+    points: float
+
+    @property
+    def name(self) -> str:
+        return self.id.split(".", 1)[1]
+
+
+@dataclass
+class Chapter:
+    id: str
+    path: Path
+    title: str
+    notebook: str
+    exercises: list[Exercise] = field(default_factory=list)
+
+    @property
+    def number(self) -> str:
+        return self.id.removeprefix("ch")
+
+    def exercise(self, exercise_id: str) -> Exercise:
+        for ex in self.exercises:
+            if ex.id == exercise_id:
+                return ex
+        known = ", ".join(e.id for e in self.exercises)
+        raise KeyError(f"{self.id} has no exercise {exercise_id!r} (its exercises: {known})")
+
+    def public_files(self) -> list[Path]:
+        """The public tests and any support modules beside them: what a graded run copies."""
+        return sorted(p for p in self.path.glob("*.py") if p.name != "conftest.py"
+                      and (not p.name.startswith("test_") or p.name == "test_public.py"))
+
+    def hidden_dir(self) -> Path:
+        root = os.environ.get("COURSE_HIDDEN_DIR")
+        return (Path(root) if root else PRACTICE / "hidden") / "chapters" / self.id
+
+    def hidden_files(self) -> list[Path]:
+        """Hidden test files and their helpers; empty when this edition has none."""
+        d = self.hidden_dir()
+        if not d.is_dir() or not list(d.glob("test_*.py")):
+            return []
+        return sorted(p for p in d.glob("*.py") if p.name != "conftest.py")
+
+    def wrong_variants(self, exercise: Exercise | None = None) -> list[tuple[Exercise, str, Path]]:
+        """(exercise, variant name, file) for each wrong body in ``hidden/chapters/chNN/wrong/``."""
+        out = []
+        for ex in ([exercise] if exercise else self.exercises):
+            for f in sorted((self.hidden_dir() / "wrong").glob(f"{ex.name}.*.py")):
+                out.append((ex, f.name[len(ex.name) + 1:-3], f))
+        return out
+
+    def stub(self, exercise: Exercise) -> str:
+        return regions.stub_line(exercise.id, self.id, self.notebook, exercise.section)
+
+
+def load(chapter_id: str, chapters_dir: Path = CHAPTERS) -> Chapter:
+    path = Path(chapters_dir) / chapter_id
+    where = f"{chapter_id}/chapter.json"
+    if not CHAPTER_ID.fullmatch(chapter_id) or not (path / "chapter.json").is_file():
+        d = Path(chapters_dir)
+        known = ", ".join(sorted(p.name for p in d.iterdir() if (p / "chapter.json").is_file())) if d.is_dir() else ""
+        known = known or "none"
+        raise KeyError(f"no chapter {chapter_id!r} (known: {known})")
+    try:
+        meta = json.loads((path / "chapter.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON: {e}") from None
+    missing = [k for k in ("chapter", "title", "notebook", "exercises") if k not in meta]
+    if missing:
+        raise ValueError(f"{where}: lacks {', '.join(missing)}")
+    if meta["chapter"] != chapter_id:
+        raise ValueError(f"{where}: says chapter {meta['chapter']!r}, but sits in {chapter_id}/")
+    exercises = []
+    for i, ex in enumerate(meta["exercises"]):
+        lacks = [k for k in ("id", "title", "section", "points") if k not in ex]
+        if lacks:
+            raise ValueError(f"{where}: exercise {i + 1} lacks {', '.join(lacks)}")
+        if not regions.ID.fullmatch(ex["id"]) or not ex["id"].startswith(chapter_id + "."):
+            raise ValueError(f"{where}: exercise id {ex['id']!r} must read '{chapter_id}.name' (lower-case name)")
+        if not isinstance(ex["points"], (int, float)) or ex["points"] <= 0:
+            raise ValueError(f"{where}: {ex['id']} has points {ex['points']!r}; give a positive number")
+        exercises.append(Exercise(ex["id"], ex["title"], ex["section"], ex["points"]))
+    ids = [e.id for e in exercises]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: an exercise id is listed twice: {ids}")
+    return Chapter(chapter_id, path, meta["title"], meta["notebook"], exercises)
+
+
+def all_chapters(chapters_dir: Path = CHAPTERS) -> list[Chapter]:
+    d = Path(chapters_dir)
+    if not d.is_dir():
+        return []
+    return [load(p.name, d) for p in sorted(d.iterdir()) if CHAPTER_ID.fullmatch(p.name) and (p / "chapter.json").is_file()]
+
+
+def consistency(root: Path, chapters: list[Chapter]) -> list[str]:
+    """What is off between the regions under ``root/course_lib`` and the registries (empty: all agree)."""
+    found = {r.id: r for r in regions.find(root)}
+    registered: dict[str, str] = {}
+    problems = []
+    for ch in chapters:
+        for ex in ch.exercises:
+            if ex.id in registered:
+                problems.append(f"{ex.id} is registered by both {registered[ex.id]} and {ch.id}")
+            registered[ex.id] = ch.id
+            if ex.id not in found:
+                problems.append(f"{ch.id}/chapter.json lists {ex.id}, but no region in course_lib has that id")
+    for rid, region in found.items():
+        if rid not in registered:
+            problems.append(f"region {rid} ({region.path}:{region.begin + 1}) is in no chapter.json")
+    return problems
+
+
+def stub_bodies(chapters: list[Chapter], only: set[str] | None = None) -> dict[str, str]:
+    """{exercise id: stub body} for every registered exercise (or those in ``only``)."""
+    return {ex.id: ch.stub(ex) + "\n" for ch in chapters for ex in ch.exercises if only is None or ex.id in only}

@@ -1,0 +1,80 @@
+"""A notebook's graded cell: run the judge on one exercise of the learner's OWN course_lib.
+
+A chapter notebook's graded cell (nbgrader ``grade: true``) is::
+
+    import os, pathlib, sys
+    here = pathlib.Path.cwd()
+    sys.path.insert(0, os.environ.get("COURSE_PRACTICE_DIR") or next(
+        str(p / "practice") for p in [here, *here.parents] if (p / "practice" / "judge.py").is_file()))
+    from judging.notebook import check
+    check("ch01.block_hash")
+
+``check`` runs ``python practice/judge.py test chNN --root ROOT --exercise ID`` with the
+judge of the ``practice/`` found above (the instructor's, with hidden tests, when
+nbgrader autogrades inside the instructor's repository; the learner's own, public tests
+only, in the student edition), prints one line per case, and raises ``AssertionError``
+unless every case ran and passed. Exit code 3 (GPU cases not run on this machine) scores
+0 with that reason: a case that did not run is never a pass.
+
+Where the learner's course_lib is (ROOT), first match wins:
+
+1. ``$COURSE_SUBMISSION_ROOT``;
+2. nbgrader autograde: the notebook runs in ``<course>/autograded/<student>/<assignment>/``;
+   the learner's folder is ``<course>/submitted/<student>/``, which must hold ``course_lib/``
+   (nbgrader copies only the assignment folder, so course_lib is read where it was handed in);
+3. otherwise the nearest folder above the notebook that holds ``course_lib/`` (the
+   notebook's edition: ``student/`` for a learner, the repository for the instructor).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+JUDGE = Path(__file__).resolve().parents[1] / "judge.py"
+
+
+def course_root(start: Path | None = None) -> Path:
+    """The folder whose ``course_lib/`` is graded (see the module docstring for the rules)."""
+    if os.environ.get("COURSE_SUBMISSION_ROOT"):
+        return Path(os.environ["COURSE_SUBMISSION_ROOT"])
+    here = Path(start or Path.cwd()).resolve()
+    parts = here.parts
+    if "autograded" in parts:
+        i = len(parts) - 1 - parts[::-1].index("autograded")
+        if i + 1 < len(parts):
+            submitted = Path(*parts[:i]) / "submitted" / parts[i + 1]
+            if submitted.is_dir():
+                if not (submitted / "course_lib" / "__init__.py").is_file():
+                    raise AssertionError(f"no course_lib/ was handed in with this notebook (looked in {submitted})")
+                return submitted
+    for folder in [here, *here.parents]:
+        if (folder / "course_lib" / "__init__.py").is_file():
+            return folder
+    raise AssertionError(f"no course_lib/ found in {here} or any folder above it")
+
+
+def check(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
+    """Grade one exercise of the learner's course_lib; print a line per case; raise unless it fully passed."""
+    chapter = exercise_id.split(".", 1)[0]
+    root = Path(root) if root else course_root()
+    cmd = [sys.executable, str(JUDGE), "test", chapter, "--root", str(root), "--exercise", exercise_id, "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if run.returncode == 2 or not run.stdout.strip():
+        raise AssertionError(f"{exercise_id}: the judge could not grade it: {run.stderr.strip()[-800:]}")
+    result = json.loads(run.stdout)
+    print(f"{exercise_id}: graded in {result['file']} ({'hidden tests too' if result['hidden'] else 'public tests'})")
+    for case in result["cases"]:
+        verdict = {"pass": "pass", "not graded": "not graded: " + case["message"]}.get(case["outcome"],
+                                                                                     "FAIL: " + case["message"])
+        print(f"  {case['case']} ... {verdict}")
+    if run.returncode == 3:
+        raise AssertionError(f"{exercise_id}: incomplete: {result['not_graded']} case(s) need a GPU and were not "
+                             "run on this machine; this exercise scores 0 until they run on a GPU")
+    if run.returncode != 0:
+        failed = [c for c in result["cases"] if c["outcome"] == "fail"]
+        raise AssertionError(f"{exercise_id}: {len(failed)} case(s) failed; first: {failed[0]['message']}"
+                             if failed else f"{exercise_id}: not passed ({result['status']})")
+    print(f"{exercise_id}: every case ran and passed")

@@ -1,0 +1,125 @@
+"""The student edition (scripts/release.py): every region stubbed, nothing secret shipped, and a learner's walk.
+
+Built once into a temporary folder; the learner's walk runs the student edition's own
+judge: chapter 01 fails with the stub's message, then passes once the region is filled
+back with the reference.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbgrader")
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("course_release", REPO / "scripts" / "release.py")
+release = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(release)
+regions, registry = release.regions, release.registry
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    run = subprocess.run([sys.executable, "scripts/release.py", "--out", str(root / "student"),
+                          "--course-root", str(root / "grading")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return root / "student"
+
+
+def judge(edition_root, *args, root=None, env=None):
+    e = {k: v for k, v in os.environ.items() if k not in ("COURSE_HIDDEN_DIR", "PYTHONPATH")}
+    e.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **(env or {}))
+    cmd = [sys.executable, str(edition_root / "practice" / "judge.py"), *args] + (["--root", str(root)] if root else [])
+    return subprocess.run(cmd, cwd=edition_root, env=e, capture_output=True, text=True, timeout=300)
+
+
+def test_every_region_is_stubbed_with_its_message(edition):
+    found = {r.id: r for r in regions.find(edition)}
+    assert set(found) == {r.id for r in regions.find(REPO)}
+    assert release.unstubbed(edition) == []
+    for ch in registry.all_chapters():
+        for ex in ch.exercises:
+            (line,) = found[ex.id].code_lines()
+            assert line.startswith("raise NotImplementedError(") and ex.id in line
+            assert f"chapter {ch.number}" in line and ch.notebook in line and ex.section in line
+
+
+def test_nothing_secret_ships_and_the_public_parts_do(edition):
+    assert release.leaks(edition) == []
+    files = {p.relative_to(edition).as_posix() for p in edition.rglob("*") if p.is_file()}
+    assert not [f for f in files if "hidden" in f.split("/") or "wrong" in f.split("/") or f.endswith("solution.py")]
+    for ch in registry.all_chapters():
+        assert {f"practice/chapters/{ch.id}/chapter.json", f"practice/chapters/{ch.id}/test_public.py"} <= files
+    assert any(f.startswith("results/") for f in files), "the recorded GPU results are missing"
+    readme = (edition / "README.md").read_text()
+    assert "student edition" in readme and readme.index("scripts/setup.sh") < readme.index("jupyter lab notebooks/") \
+        < readme.index("python practice/judge.py test ch01")
+    assert 'testpaths = ["practice/chapters"]' in (edition / "pyproject.toml").read_text()
+
+
+def test_leaks_are_refused(edition, tmp_path):
+    fake = tmp_path / "edition"
+    shutil.copytree(edition / "course_lib", fake / "course_lib")
+    assert release.leaks(fake) == []
+    (region,) = [r for r in regions.find(REPO) if r.id == "ch01.block_hash"]
+    target = fake / region.path.relative_to(REPO)
+    target.write_text(regions.replace_bodies(target.read_text(), {region.id: regions.dedent_body(region)}))
+    assert any("ch01.block_hash is not stubbed" in p for p in release.unstubbed(fake))
+    found = "\n".join(release.leaks(fake))
+    assert region.code_lines()[0] in found, found
+    (fake / "notes.txt").write_text((REPO / "practice/hidden/chapters/ch01/wrong/block_hash.no_chain.py").read_text())
+    (fake / "extra").mkdir()
+    shutil.copy(REPO / "practice/hidden/chapters/ch01/test_hidden.py", fake / "extra" / "copied.py")
+    found = "\n".join(release.leaks(fake))
+    assert "notes.txt: contains a line" in found and "extra/copied.py: contains a line" in found
+
+
+def test_a_copied_multiline_body_is_a_leak_even_of_short_lines(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "course_lib").mkdir(parents=True)
+    (repo / "course_lib" / "m.py").write_text("def f(x):\n    # BEGIN EXERCISE ch01.f\n    y = x\n    return y\n"
+                                              "    # END EXERCISE\n")
+    (tmp_path / "ed").mkdir()
+    (tmp_path / "ed" / "copy.py").write_text("def g(x):\n    y = x\n    # a comment in between\n    return y\n")
+    assert release.leaks(tmp_path / "ed", repo) == ["copy.py: contains the reference body of region ch01.f"]
+    (tmp_path / "ed" / "copy.py").write_text("def g(x):\n    y = x\n    z = 1\n    return y\n")
+    assert release.leaks(tmp_path / "ed", repo) == []
+
+
+def test_the_student_edition_imports(edition):
+    run = subprocess.run([sys.executable, "-c", "import course_lib, course_lib.engine.block_manager as m; "
+                          "print(course_lib.__file__)"], cwd=edition, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(edition)}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert Path(run.stdout.strip()).resolve().is_relative_to(edition.resolve())
+
+
+def test_learner_walk_stub_then_reference(edition, tmp_path):
+    """The stub's message, exit 1; the region filled back from the reference, exit 0 (public tests,
+    then the instructor's hidden ones too)."""
+    work = tmp_path / "learner"
+    shutil.copytree(edition, work, ignore=shutil.ignore_patterns("notebooks", "results", "binder"))
+    before = judge(work, "test", "ch01", root=work)
+    assert before.returncode == 1, before.stdout + before.stderr
+    assert "ch01.block_hash: write this part (chapter 01, notebooks/01_the_engine.ipynb" in before.stdout
+    assert "hidden tests: not present in this edition" in before.stdout
+
+    (region,) = [r for r in regions.find(REPO) if r.id == "ch01.block_hash"]
+    target = work / region.path.relative_to(REPO)
+    target.write_text(regions.replace_bodies(target.read_text(), {region.id: regions.dedent_body(region)}))
+    after = judge(work, "test", "ch01", root=work)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "status: complete" in after.stdout
+    graded = judge(REPO, "test", "ch01", "--json", root=work)  # the instructor's judge: hidden tests too
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    result = json.loads(graded.stdout)
+    assert result["hidden"] and result["points"] == result["max_points"] > 0
+    assert any(c["case"].startswith("test_hidden.py::") for c in result["cases"])
