@@ -16,7 +16,7 @@ student edition, practice problems included).
 
 Where a learner's course_lib is found: autograde copies only grading/submitted/<student>/notebooks/
 to grading/autograded/<student>/notebooks/ and runs each notebook there. A graded cell of
-an exercise region (practice/judging/notebook.py, ``check("chNN.name")``) then grades
+an exercise region (practice/judging/notebook.py, ``grade_exercise("chNN.name")``) then grades
 grading/submitted/<student>/course_lib/ (the folder beside the autograded copy's twin)
 with ``python practice/judge.py test chNN --root grading/submitted/<student> --exercise chNN.name``;
 no course_lib/ handed in scores 0 with that reason. The judge used is the practice/ found

@@ -261,7 +261,7 @@ def test_check_scores_zero_when_gpu_cases_did_not_run(tmp_path, monkeypatch, cap
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with pytest.raises(AssertionError, match=r"incomplete: 1 case\(s\) need a GPU .* scores 0"):
-        notebook.check("ch01.block_hash", root=REPO)
+        notebook.grade_exercise("ch01.block_hash", root=REPO)
     assert "test_hidden.py::test_on_the_gpu ... not graded: needs CUDA" in capsys.readouterr().out
 
 

@@ -36,10 +36,21 @@ def jupyter_env(tmp_path, monkeypatch):
     monkeypatch.delenv("COURSE_HIDDEN_DIR", raising=False)  # find the hidden tests the default way
 
 
+def gpu_cases_not_run(cell, output) -> bool:
+    """A graded exercise cell that stopped only because its GPU cases cannot run here."""
+    import torch
+
+    graded = cell.metadata.get("nbgrader", {}).get("grade")
+    return (bool(graded) and not torch.cuda.is_available() and output.ename == "AssertionError"
+            and "incomplete:" in output.evalue and "need a GPU" in output.evalue)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, tmp_path, jupyter_env, capsys, record_property):
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3",
+    # allow_errors: a graded cell whose exercise has GPU cases scores 0 on a CPU, by design
+    # (a case that did not run is never a pass); every other error still fails below.
+    client = nbclient.NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", allow_errors=True,
                                      resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     try:
@@ -52,7 +63,9 @@ def test_notebook_executes(path, tmp_path, jupyter_env, capsys, record_property)
             print(f"\n[notebook] {path.name}: {seconds:.1f} s (executed copy: {tmp_path / path.name})")
     assert seconds < LIMIT_S, f"{path.name} took {seconds:.0f} s; a chapter must run in under {LIMIT_S} s on 2 cores"
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
+    errors = [(c, o) for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    unexpected = [f"{o.ename}: {o.evalue}"[:300] for c, o in errors if not gpu_cases_not_run(c, o)]
+    assert not unexpected, f"{path.name}: cells failed: {unexpected}"
     pngs = sum("image/png" in o.get("data", {}) for o in outputs)
     assert pngs >= 1, f"{path.name} shows no plot (no image/png output)"
 
@@ -76,14 +89,21 @@ def test_notebook_is_an_nbgrader_source(path):
     assert len(ids) == len(set(ids)), f"grade_ids repeat: {ids}"
     registry = REPO / "practice" / "chapters" / f"ch{path.name[:2]}" / "chapter.json"
     if registry.is_file():
-        # A chapter whose exercises live in course_lib: no answer cells; one graded cell
-        # per exercise grades it through the chapter's checks, for the points in chapter.json.
-        assert not [m for _, m in graded if m.get("solution")], "exercises live in course_lib, not in answer cells"
+        # A chapter whose exercises live in course_lib: one graded cell per exercise grades it
+        # through the judge (practice/judging/notebook.py), for the points in chapter.json.
+        # Warm-ups (a prediction in an answer cell) may stay, worth less than the engine's parts.
+        region_points = 0
         for ex in json.loads(registry.read_text())["exercises"]:
             assert re.search(rf"^#+ {re.escape(ex['section'])}$", markdown, re.M), f"no section {ex['section']!r}"
-            cells_for = [m for src, m in graded if m.get("grade") and f'"{ex["id"]}"' in src]
-            assert len(cells_for) == 1, f"one graded cell must grade {ex['id']}"
+            cells_for = [m for src, m in graded if m.get("grade") and f'grade_exercise("{ex["id"]}")' in src]
+            assert len(cells_for) == 1, f"one graded cell must call grade_exercise({ex['id']!r})"
             assert cells_for[0]["points"] == ex["points"] and cells_for[0]["locked"], ex["id"]
+            region_points += ex["points"]
+        warm_up = sum(m.get("points", 0) for src, m in graded if m.get("grade") and "grade_exercise(" not in src)
+        assert warm_up < region_points, "a chapter's graded weight is on the parts it runs in the engine"
+        for src, meta in graded:
+            if meta.get("solution"):
+                assert "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
         return
     answers = [src for src, meta in graded if meta.get("solution")]
     tests = [(src, meta) for src, meta in graded if meta.get("grade") and not meta.get("solution")]
@@ -92,7 +112,7 @@ def test_notebook_is_an_nbgrader_source(path):
         assert "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
     for src, meta in tests:
         assert meta["points"] > 0 and meta["locked"]
-        region = re.search(r'^check\("(ch\d\d\.\w+)"\)', src, re.M)
+        region = re.search(r'^grade_exercise\("(ch\d\d\.\w+)"\)', src, re.M)
         if region:  # an exercise region's cell: the judge runs its public and hidden tests (practice/judging/notebook.py)
             chapter = json.loads((REPO / "practice" / "chapters" / region[1][:4] / "chapter.json").read_text())
             assert region[1] in {e["id"] for e in chapter["exercises"]}, f"{meta['grade_id']}: {region[1]} is not registered"

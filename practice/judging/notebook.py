@@ -6,10 +6,11 @@ A chapter notebook's graded cell (nbgrader ``grade: true``) is::
     here = pathlib.Path.cwd()
     sys.path.insert(0, os.environ.get("COURSE_PRACTICE_DIR") or next(
         str(p / "practice") for p in [here, *here.parents] if (p / "practice" / "judge.py").is_file()))
-    from judging.notebook import check
-    check("ch01.block_hash")
+    from judging.notebook import grade_exercise
+    grade_exercise("ch01.block_hash")
 
-``check`` runs ``python practice/judge.py test chNN --root ROOT --exercise ID`` with the
+(named so that it never shadows a notebook's own ``check`` of the public tests).
+``grade_exercise`` runs ``python practice/judge.py test chNN --root ROOT --exercise ID`` with the
 judge of the ``practice/`` found above (the instructor's, with hidden tests, when
 nbgrader autogrades inside the instructor's repository; the learner's own, public tests
 only, in the student edition), prints one line per case, and raises ``AssertionError``
@@ -56,7 +57,7 @@ def course_root(start: Path | None = None) -> Path:
     raise AssertionError(f"no course_lib/ found in {here} or any folder above it")
 
 
-def check(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
+def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
     """Grade one exercise of the learner's course_lib; print a line per case; raise unless it fully passed."""
     chapter = exercise_id.split(".", 1)[0]
     root = Path(root) if root else course_root()
