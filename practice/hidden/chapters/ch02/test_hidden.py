@@ -19,6 +19,7 @@ from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_col
 from course_lib.weights.checkpoint import make_random
 
 SEED = int.from_bytes(os.urandom(4), "little")
+MAX_STEPS = 500  # far more than any load here needs; a stuck engine fails instead of hanging
 
 
 def greedy(n):
@@ -91,8 +92,11 @@ class Load:
         return [q.rid for q in s.running], [q.rid for q in s.waiting], tokens
 
     def drain(self):
-        while self.engine.has_unfinished_requests():
+        for _ in range(MAX_STEPS):
+            if not self.engine.has_unfinished_requests():
+                return
             self.collect(self.engine.step())
+        raise AssertionError(where(f"requests still unfinished after {MAX_STEPS} steps: the engine stopped making progress"))
 
 
 def cold_continuation(path, block_size, tokens, n):
@@ -153,7 +157,14 @@ def test_out_of_memory_preemption_changes_no_token(ckpts, rng):
     # A pool with room for the longest request alone forces preemptions mid-decode.
     need = max(-(-(len(p) + n) // 4) for p, n in zip(prompts, lengths))
     small = Engine(v1, block_size=4, num_kv_blocks=need + 2, enable_prefix_caching=False)
-    got = [o["output_ids"] for o in small.generate(input_ids=prompts, sampling_params=[greedy(n) for n in lengths])]
+    rids = [small.add_request(input_ids=p, sampling_params=greedy(n)) for p, n in zip(prompts, lengths)]
+    outs = {}
+    for _ in range(MAX_STEPS):  # not generate(): a broken preempt must fail, not hang
+        if not small.has_unfinished_requests():
+            break
+        outs.update({o["rid"]: o for o in small.step()})
+    assert set(outs) == set(rids), where("every request finishes when the pool holds the longest one alone")
+    got = [outs[r]["output_ids"] for r in rids]
     assert got == want, where("requests preempted for lack of KV blocks must end with the tokens they "
                               "would have made without preemption (same weights)")
     assert small.block_manager.used_block_ids == set(), where("every block is free once all requests finished")
@@ -355,7 +366,9 @@ def test_spans_across_two_updates(ckpts, rng):
         e.pause_generation("keep")
         e.update_weights_from_disk(path, weight_version=version)
         e.continue_generation()
-    while e.has_unfinished_requests():
+    for _ in range(MAX_STEPS):
+        if not e.has_unfinished_requests():
+            break
         outs.update({o["rid"]: o for o in e.step()})
     a, b = cuts
     want = spans_of(["default"] * a + ["v2"] * (b - a) + ["v3"] * (n - b))
