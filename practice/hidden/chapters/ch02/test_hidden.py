@@ -252,6 +252,7 @@ def test_keep_tags_new_tokens_new_on_old_kv(ckpts, rng):
     assert [s.rid for s in e.scheduler.running] == running and [s.rid for s in e.scheduler.waiting] == queued, \
         where("keep leaves running and queued requests where they are")
     assert {r: e.requests[r].block_table for r in running} == tables, where("keep leaves their KV in place")
+    seqs = {r: e.requests[r] for r in running}  # the tags themselves, not the spans (exercise 3's part)
     e.update_weights_from_disk(v2, weight_version="v2")
     assert not e.live_kv_is_fresh(), where("keep continues on KV the old weights computed")
     e.continue_generation()
@@ -259,8 +260,10 @@ def test_keep_tags_new_tokens_new_on_old_kv(ckpts, rng):
     for rid in running:
         i = load.index[rid]
         done = len(tokens[rid]) - len(load.prompts[i])
-        assert load.outputs[rid]["meta_info"]["weight_versions"] == spans_of(["default"] * done + ["v2"] * (load.lengths[i] - done)), \
+        assert seqs[rid].token_versions == ["default"] * done + ["v2"] * (load.lengths[i] - done), \
             where("keep: tokens before the update are tagged 'default', every token after it 'v2'")
+        assert load.outputs[rid]["output_ids"][:done] == tokens[rid][len(load.prompts[i]):], \
+            where("keep: the tokens made before the update stay")
     rec = e.pause_stats[-1]
     assert rec["aborted_requests"] == rec["retracted_requests"] == rec["discarded_tokens"] == 0, \
         where("keep aborts, retracts and discards nothing")
