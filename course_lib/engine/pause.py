@@ -63,32 +63,61 @@ class Pausing:
             return {"paused": True, "mode": mode, "num_aborted_requests": 0}
         record = new_pause_record(mode)
         self.pause_stats.append(record)
-        aborted = 0
-        if mode == "abort":
-            aborted = self._abort_all("aborted by pause_generation", record)
-        elif mode == "retract":
-            self._retract_running(record)
+        aborted = self._handle_in_flight(mode, record, "aborted by pause_generation")
         self.paused, self.pause_mode = True, mode
         return {"paused": True, "mode": mode, "num_aborted_requests": aborted}
 
-    def _abort_all(self, message: str, record: dict) -> int:
-        """``abort``: finish every running and queued request now; their outputs (finish
-        reason abort) come out of the next ``step()``. Counts the discarded tokens."""
-        seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
-        for seq in seqs:
-            record["discarded_tokens"] += seq.num_completion_tokens
-            self.scheduler.finish(seq, {"type": "abort", "message": message})
-            self._pending.append(self._output(seq))
-        record["aborted_requests"] += len(seqs)
-        return len(seqs)
+    def _handle_in_flight(self, mode: str, record: dict, message: str) -> int:
+        """What a pause in ``mode`` does, right now, to the requests in flight; returns
+        how many it aborted. ``mode`` is a canonical name (``PAUSE_MODES``' values);
+        ``record`` is this pause's cost record (``new_pause_record``); ``message`` goes
+        into an aborted request's finish reason.
 
-    def _retract_running(self, record: dict) -> None:
-        """``retract``: every running request goes back to the queue's head with its KV
-        freed; its re-prefill is counted when it runs (``Engine.step``)."""
-        for seq in reversed(list(self.scheduler.running)):  # reversed: keeps their order at the queue's head
-            self.scheduler.preempt(seq, out_of_memory=False)
-            seq.retract_record = record
-            record["retracted_requests"] += 1
+        - ``abort``: every running request, then every queued one, finishes now:
+          ``self.scheduler.finish(seq, {"type": "abort", "message": message})`` (which
+          frees its KV), and its output ``self._output(seq)`` is appended to
+          ``self._pending`` so that the next ``step()`` returns it. Its generated tokens
+          are thrown away: add ``seq.num_completion_tokens`` to
+          ``record["discarded_tokens"]``, and 1 to ``record["aborted_requests"]`` per
+          request. Returns the number of requests aborted.
+        - ``retract``: every running request goes back to the queue with its KV freed
+          (``self.scheduler.preempt(seq, out_of_memory=False)``), so that the queue then
+          starts with the retracted requests in their running order, ahead of those
+          already queued (which are left alone). Each remembers the pause
+          (``seq.retract_record = record``: the step that prefills it again adds the
+          tokens it computes to ``record["reprefill_tokens"]``) and counts 1 in
+          ``record["retracted_requests"]``. Returns 0.
+        - ``keep`` and ``wait``: nothing happens now (the requests stay where they are,
+          KV and all); returns 0.
+
+        Any other mode raises ``ValueError`` and changes nothing.
+        """
+        # BEGIN EXERCISE ch02.pause_modes
+        if mode == "abort":
+            seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+            for seq in seqs:
+                record["discarded_tokens"] += seq.num_completion_tokens
+                self.scheduler.finish(seq, {"type": "abort", "message": message})
+                self._pending.append(self._output(seq))
+            record["aborted_requests"] += len(seqs)
+            return len(seqs)
+        if mode == "retract":
+            # preempt puts a request first in line: going from the last running request
+            # to the first leaves them in their running order at the queue's head.
+            for seq in reversed(list(self.scheduler.running)):
+                self.scheduler.preempt(seq, out_of_memory=False)
+                seq.retract_record = record
+                record["retracted_requests"] += 1
+            return 0
+        if mode in ("keep", "wait"):
+            return 0
+        raise ValueError(f"unknown pause mode {mode!r}; expected abort, wait, keep or retract")
+        # END EXERCISE
+
+    def _abort_all(self, message: str, record: dict) -> int:
+        """Abort every running and queued request now (``abort`` mode's part, also used
+        by an update made with ``abort_all_requests=True``); returns how many."""
+        return self._handle_in_flight("abort", record, message)
 
     def continue_generation(self) -> dict:
         """Resume: frozen and retracted requests go on with the current weights. Refused
@@ -108,15 +137,25 @@ class Pausing:
         return {"paused": False}
 
     def flush_cache(self) -> bool:
-        """Forget every prefix-cache entry. Refused (False, nothing changed) while requests
-        are being served. While paused in abort, keep or retract mode it is allowed: the
-        queued requests hold no cache entries, and dropping entries never touches the KV
-        of a frozen request (the deadlock of SGLang #22620 cannot happen here)."""
+        """Forget every prefix-cache entry; True when flushed, False when refused.
+
+        Refused (returns False, nothing changed) while requests are being served: some
+        request is running or queued (``self.scheduler.running`` / ``.waiting``) and
+        generation is either not paused (``self.paused``) or paused in ``wait`` mode
+        (``self.pause_mode == "wait"``: those requests still run). Otherwise, idle or
+        paused in ``abort``, ``keep`` or ``retract`` mode, it flushes: it sets
+        ``self.last_flush_entries`` to the number of entries ``self.block_manager.flush()``
+        dropped and returns True. Flushing while paused is safe: queued requests hold no
+        cache entries, and dropping entries never touches the KV of a frozen request (the
+        deadlock of SGLang #22620 cannot happen here).
+        """
+        # BEGIN EXERCISE ch02.flush_rules
         serving = bool(self.scheduler.running or self.scheduler.waiting)
         if serving and (not self.paused or self.pause_mode == "wait"):
             return False
         self.last_flush_entries = self.block_manager.flush()
         return True
+        # END EXERCISE
 
     def live_kv_is_fresh(self) -> bool:
         """True when every live KV block was computed by the current weights."""

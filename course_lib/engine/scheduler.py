@@ -62,14 +62,29 @@ class Scheduler:
         return scheduled, False
 
     def preempt(self, seq: Sequence, out_of_memory: bool = True) -> None:
-        """Free ``seq``'s KV and put it first in line; it will be re-prefilled.
-        (Also how a pause in ``retract`` mode sends requests back, with out_of_memory=False.)"""
+        """Send ``seq`` back to the queue: its KV is freed and it goes first in line.
+
+        Afterwards ``seq`` is ``SequenceStatus.WAITING``, holds no KV blocks (give them back
+        with ``self.block_manager.deallocate(seq)``), is no longer in ``self.running`` and
+        is at the head of ``self.waiting``. Its tokens (prompt plus everything generated so
+        far) stay, so when it is scheduled again it is prefilled again, all of them, with
+        whatever weights the engine holds then, and goes on from its last token.
+        ``self.num_preemptions`` counts only preemptions for lack of KV blocks
+        (``out_of_memory=True``); a pause in ``retract`` mode calls this with
+        ``out_of_memory=False``. A ``seq`` that is not running (already queued) is still
+        moved to the head of the queue, never listed twice.
+        """
+        # BEGIN EXERCISE ch02.retract
         seq.status = SequenceStatus.WAITING
         self.block_manager.deallocate(seq)
         if seq in self.running:
             self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
         self.waiting.appendleft(seq)
-        self.num_preemptions += out_of_memory
+        if out_of_memory:
+            self.num_preemptions += 1
+        # END EXERCISE
 
     def finish(self, seq: Sequence, reason: dict) -> None:
         seq.status = SequenceStatus.FINISHED

@@ -126,7 +126,19 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     def version_spans(self) -> list[dict]:
-        """Runs of equal weight version over output_ids: [{"version", "start", "end"}]."""
+        """Which weights made which output tokens, as runs (SGLang-style spans).
+
+        ``self.token_versions[i]`` is the weight version that produced output token ``i``
+        (``append_token`` records it, one per token). Returns one dict
+        ``{"version": v, "start": s, "end": e}`` per maximal run of equal versions, in
+        order: tokens ``s`` to ``e - 1`` (``end`` exclusive, counted over output tokens,
+        not the prompt) were all made by ``v``, and a neighbouring run has another
+        version. The runs cover every output token exactly once: the first starts at 0,
+        each starts where the one before ended, the last ends at
+        ``len(self.token_versions)``. No output token yet: ``[]``. A version that comes
+        back (v1, v2, v1) gives three runs. Reads only; changes nothing.
+        """
+        # BEGIN EXERCISE ch02.version_spans
         spans: list[dict] = []
         for i, v in enumerate(self.token_versions):
             if spans and spans[-1]["version"] == v:
@@ -134,3 +146,4 @@ class Sequence:
             else:
                 spans.append({"version": v, "start": i, "end": i + 1})
         return spans
+        # END EXERCISE

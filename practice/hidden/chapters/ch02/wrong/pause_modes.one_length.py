@@ -1,0 +1,19 @@
+# Assumes every request has generated as many tokens as the first one.
+if mode == "abort":
+    seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+    if seqs:
+        record["discarded_tokens"] += len(seqs) * seqs[0].num_completion_tokens
+    for seq in seqs:
+        self.scheduler.finish(seq, {"type": "abort", "message": message})
+        self._pending.append(self._output(seq))
+    record["aborted_requests"] += len(seqs)
+    return len(seqs)
+if mode == "retract":
+    for seq in reversed(list(self.scheduler.running)):
+        self.scheduler.preempt(seq, out_of_memory=False)
+        seq.retract_record = record
+        record["retracted_requests"] += 1
+    return 0
+if mode in ("keep", "wait"):
+    return 0
+raise ValueError(f"unknown pause mode {mode!r}")
