@@ -55,10 +55,13 @@ def test_cold_start_phases_random_marks(rng):
         previous = start
         for name, at in marks:
             assert _close(got[name], at - previous), \
-                f"seed {seed}: phase {name} should last {at - previous!r} s (from the mark before it), got {got[name]!r}"
+                f"seed {seed}: phase {name} should last {at - previous!r} s (from the mark before it), " \
+                f"got {got[name]!r}"
             previous = at
-        assert _close(got["total"], marks[-1][1] - start), f"seed {seed}: total should run from the spawn to the last mark"
-        assert math.isclose(sum(v for k, v in got.items() if k != "total"), got["total"], rel_tol=1e-9, abs_tol=1e-9), \
+        assert _close(got["total"], marks[-1][1] - start), \
+            f"seed {seed}: total should run from the spawn to the last mark"
+        summed = sum(v for k, v in got.items() if k != "total")
+        assert math.isclose(summed, got["total"], rel_tol=1e-9, abs_tol=1e-9), \
             f"seed {seed}: the phases must add up to the total"
 
 
@@ -138,7 +141,8 @@ def test_estimate_update_random_sizes(rng):
         assert bandwidths == copy, f"{where}: the bandwidths were changed"
         assert list(got) == list(phases) + ["total"], f"{where}: keys {list(got)}"
         for p in phases:
-            assert _close(got[p], busy[p]), f"{where}: phase {p} should be {busy[p]!r} s (1 GB = 1e9 bytes), got {got[p]!r}"
+            assert _close(got[p], busy[p]), \
+                f"{where}: phase {p} should be {busy[p]!r} s (1 GB = 1e9 bytes), got {got[p]!r}"
         assert _close(got["total"], total), \
             f"{where}: total should be {total!r} s ((sum + (chunks - 1) x slowest) / chunks), got {got['total']!r}"
 
