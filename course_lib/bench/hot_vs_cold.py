@@ -26,6 +26,7 @@ import torch
 import course_lib
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
+from course_lib.bench.cold_start import phases_from_marks
 from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import make_random
 from course_lib.weights.transports import trainer
@@ -34,6 +35,10 @@ COLD_START = Path(__file__).with_name("cold_start.py")
 
 
 def cold_restart(path, device: str, max_model_len: int) -> dict:
+    """Seconds per phase of a cold start on ``path`` in a fresh process, and their total.
+
+    The child timestamps the end of each phase; ``phases_from_marks`` turns them into
+    seconds, counting from the moment this process spawned the child."""
     # The child runs cold_start.py by path; it must find course_lib even when the package
     # is not installed (running from a checkout).
     env = dict(os.environ)
@@ -41,11 +46,12 @@ def cold_restart(path, device: str, max_model_len: int) -> dict:
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     spawned_at = time.time()
     out = subprocess.run([sys.executable, str(COLD_START), str(path), "--device", device,
-                          "--spawned-at", repr(spawned_at), "--max-model-len", str(max_model_len)],
+                          "--max-model-len", str(max_model_len)],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"cold start failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    marks = json.loads(out.stdout.strip().splitlines()[-1])["marks"]
+    return phases_from_marks(spawned_at, marks)
 
 
 def hot_ipc(engine: Engine, path, bucket_bytes: int) -> float:
