@@ -1,6 +1,12 @@
 """Hidden tests for bucket-handoff: one, two and three buffers, random bucket sizes (some
 tensors larger than a bucket, so buffers must grow), two updates in a row into the
-same engine, and real CUDA IPC on a GPU."""
+same engine, nothing to send, and real CUDA IPC on a GPU with copies still queued when
+the sender may post.
+
+No case waits on a clock: on the CPU the engine opens a bucket only when the sender waits
+for it (the latest moment), so a buffer reused too soon is always caught; on the GPU it
+opens each bucket the moment it arrives (the earliest), so bytes not yet in the buffer
+are caught. Buckets in flight are counted in the engine's process, out of the sender's reach."""
 import os
 import random
 
@@ -42,7 +48,7 @@ def send(engine, candidate, path, device="cpu", **options):
 def cpu_engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpts")
     paths = [make_random(root / str(seed), "tiny", seed=seed) for seed in (11, 12, 13, 14)]
-    engine = EngineProcess(paths[0], delay_s=RNG.uniform(0.03, 0.06))
+    engine = EngineProcess(paths[0])
     yield engine, paths
     engine.close()
 
@@ -63,10 +69,41 @@ def test_tensors_larger_than_a_bucket_and_updates_in_a_row(candidate, cpu_engine
         check(report, 2, f"update {k + 1} of 2 in a row, with tensors larger than a bucket")
 
 
+def test_nothing_to_send_posts_nothing(candidate, cpu_engine):
+    engine, _ = cpu_engine
+    report = engine.run(candidate.send_weights, [], bucket_bytes=RNG.choice([16 << 10, 64 << 10]), num_buffers=2)
+    assert report["posted"] == 0 and report["returned"] == 0, (
+        f"an empty list of tensors posts no bucket and returns 0; the engine received {report['posted']} "
+        f"and send_weights returned {report['returned']!r} {WHY}")
+
+
 @pytest.mark.cuda
-def test_cuda_ipc(candidate, tmp_path):
+def test_cuda_ipc_bytes_are_in_place_before_the_post(candidate, tmp_path):
+    # The engine opens each bucket as soon as it is posted; the sender's stream is kept busy
+    # first, so pack's copies are still queued when it returns: only a sender that waits for
+    # its stream before posting hands over the bytes it packed.
     paths = [make_random(tmp_path / str(seed), "small", seed=seed, dtype=torch.bfloat16) for seed in (21, 22)]
-    engine = EngineProcess(paths[0], device="cuda", delay_s=0.05)
+    engine = EngineProcess(paths[0], device="cuda", mode="eager")
+    try:
+        tensors = [(n, t.to("cuda")) for n, t in CheckpointReader(paths[1]).iter_tensors()]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(2e9))  # about a second of GPU work queued ahead of every copy
+        report = engine.run(candidate.send_weights, tensors, bucket_bytes=256 << 10, num_buffers=2)
+        report["differ"] = engine.compare(paths[1])
+    finally:
+        engine.close()
+    assert not report["differ"], (
+        f"CUDA IPC: the engine ends with the weights sent, but {len(report['differ'])} tensors differ "
+        f"(e.g. {report['differ'][:3]}): a bucket was posted before the copies that pack queued on the "
+        f"stream had run (synchronize the stream before posting) {WHY}")
+    assert not report["unacked_at_return"] and report["returned"] == report["posted"], \
+        f"CUDA IPC: every bucket acknowledged at return, and the count returned {WHY}"
+
+
+@pytest.mark.cuda
+def test_cuda_ipc_buffers_and_overlap(candidate, tmp_path):
+    paths = [make_random(tmp_path / str(seed), "small", seed=seed, dtype=torch.bfloat16) for seed in (23, 24)]
+    engine = EngineProcess(paths[0], device="cuda")
     try:
         report = send(engine, candidate, paths[1], device="cuda", bucket_bytes=256 << 10, num_buffers=2)
     finally:

@@ -1,5 +1,6 @@
 """Hidden tests for canary-rollback: fresh checkpoints and prompts every run, a random corrupted
-layer, another seed, a checkpoint of the wrong shape, answers cut short, and hot == cold after.
+layer, another seed, a checkpoint of the wrong shape, one with a NaN, answers cut short, answers
+of different lengths, empty answers, and hot == cold after.
 
 The candidate runs first in every test; the reference answers are computed by a separate
 engine. The random seed is in every message, so a failure can be replayed.
@@ -11,8 +12,9 @@ import shutil
 import pytest
 
 from course_lib.testing import assert_hot_equals_cold
+from course_lib.weights.checkpoint import CheckpointReader
 from versions import (Engine, corrupted_copy, expected_answers, kernel_weights, make_random, misshapen,
-                      random_layer_name, same_weights)
+                      random_layer_name, same_weights, with_nan)
 
 SEED = int.from_bytes(os.urandom(4), "little")
 RNG = random.Random(SEED)
@@ -43,8 +45,13 @@ def versions(tmp_path_factory):
         bad = corrupted_copy(new, root / f"bad{k}", random_layer_name(new, RNG), RNG.randrange(1 << 30))
         if expected_answers(bad, PROMPTS, N) != expected:
             break
+    # NaN in a random projection of a layer after the first: the engine has written a layer when it
+    # finds the NaN, and the kept snapshot takes it back.
+    late = [n for n in CheckpointReader(new).metadata() if n.startswith("model.layers.") and not n.startswith(
+        "model.layers.0.") and n.endswith("proj.weight")]
+    nan = with_nan(new, root / "nan", RNG.choice(sorted(late)), RNG.randrange(1 << 30))
     return {"old": old, "new": new, "other": other, "bad": bad, "wrong_shape": misshapen(root / "shape"),
-            "expected": expected}
+            "nan": nan, "expected": expected}
 
 
 def served(versions, tmp_path):
@@ -105,3 +112,41 @@ def test_a_checkpoint_of_the_wrong_shape_is_rejected(candidate, versions, tmp_pa
     assert same_weights(before, kernel_weights(engine)) and engine.weight_version == "default", \
         f"nothing changed {WHY}"
     assert not engine.paused, f"the engine is generating again after the refusal {WHY}"
+
+
+def test_empty_answers_in_the_comparison(candidate):
+    # An empty answer agrees only with an empty one: nothing generated is not "no divergence".
+    token = RNG.randrange(512)
+    for expected, got, want in [([], [], None), ([], [token], 0), ([token], [], 0)]:
+        result = candidate.first_divergence(list(expected), list(got))
+        assert result == want, f"first_divergence({expected}, {got}) should be {want}, got {result!r} {WHY}"
+
+
+def test_answers_of_different_lengths_are_each_generated_to_their_own_length(candidate, versions, tmp_path):
+    # Each prompt's answer has its own length, the first the shortest: one length for every
+    # request (the first's, or the longest) makes the right version look wrong.
+    lengths = sorted(RNG.sample(range(3, 16), len(PROMPTS)))
+    lengths = lengths[:1] + RNG.sample(lengths[1:], len(lengths) - 1)
+    expected = expected_answers(versions["new"], PROMPTS, lengths)
+    engine = served(versions, tmp_path)
+    decision = candidate.guarded_update(engine, versions["new"], PROMPTS, expected, "v3", 1.0)
+    assert decision == "promoted", (
+        f"the right version, with expected answers of {lengths} tokens (each generated to its own "
+        f"length), is promoted, got {decision!r} {WHY}")
+    assert engine.weight_version == "v3" and not engine.paused, f"serving 'v3', generating {WHY}"
+
+
+def test_a_checkpoint_with_a_nan_is_rejected_and_the_engine_keeps_serving(candidate, versions, tmp_path):
+    engine = served(versions, tmp_path)
+    before = kernel_weights(engine)
+    try:
+        decision = candidate.guarded_update(engine, versions["nan"], PROMPTS, versions["expected"], "v2", 1.0)
+    except Exception as exc:  # noqa: BLE001 - what escapes is the failure being described
+        pytest.fail(f"a checkpoint with a NaN is refused by the engine (ValueError) and reported 'rejected'; "
+                    f"instead {type(exc).__name__} escaped ({str(exc)[:160]}) and the engine is "
+                    f"{'still paused' if engine.paused else 'not paused'} {WHY}")
+    assert decision == "rejected", f"a checkpoint with a NaN is 'rejected', got {decision!r} {WHY}"
+    assert not engine.paused, f"the engine is generating again after the refusal {WHY}"
+    assert same_weights(before, kernel_weights(engine)) and engine.weight_version == "default", \
+        f"the old weights and label serve after the refusal {WHY}"
+    assert_hot_equals_cold(engine, versions["old"], PROMPTS[:2])

@@ -238,3 +238,80 @@ def test_pause_costs_random(candidate, mode, kind):
 @pytest.mark.parametrize("mode", ["in_place", "Abort", "", "restart"])
 def test_pause_costs_rejects_other_modes(candidate, mode):
     expect_value_error(f"ValueError for mode {mode!r}", candidate.pause_costs, mode, [1, 2], [3, 0], 8, 10.0)
+
+
+# ---- what the engine really feeds, and the edges ----------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_quantize_half_precision_weights_as_the_engine_feeds_them(candidate, dtype):
+    # A GPU engine hands over bfloat16 (or float16) weights; "work in float32" means the
+    # scale and the division are float32 ones, not half-precision ones rounded afterwards.
+    for _ in range(4):
+        w = random_weight(*random_shape())
+        w[0] = RNG.standard_normal(w.shape[1]) * 10.0 ** RNG.uniform(-3, 2)  # a row whose scale is no power of two
+        w = torch.from_numpy(w).to(dtype)
+        q, s = candidate.quantize(w)
+        assert_quantized(q, s, w.float().numpy(), f"quantize of a {str(dtype).removeprefix('torch.')} "
+                                                  f"{shape_of(w)} weight (computed in float32)")
+
+
+def test_hot_update_from_bfloat16_equals_cold_start(candidate):
+    rows, cols = random_shape()
+    new = torch.from_numpy(random_weight(rows, cols)).to(torch.bfloat16)
+    layer = random_layer(rows, cols)
+    candidate.hot_update(layer, new)
+    assert_quantized(layer.qweight, layer.scale, new.float().numpy(),
+                     f"hot_update of a [{rows}, {cols}] layer from a bfloat16 weight")
+
+
+SAME_COUNT_SHAPES = {
+    "[cols, rows] (transposed)": lambda r, c: (c, r),
+    "[rows * cols] (flattened)": lambda r, c: (r * c,),
+    "[1, rows * cols]": lambda r, c: (1, r * c),
+    "[rows * cols, 1]": lambda r, c: (r * c, 1),
+    "[rows, cols, 1]": lambda r, c: (r, c, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SAME_COUNT_SHAPES))
+def test_hot_update_refuses_the_right_element_count_in_the_wrong_shape(candidate, name):
+    # Same number of values, other shape: a reshape would accept it and scramble every row.
+    rows, cols = random_shape()
+    layer = random_layer(rows, cols)
+    q_before, s_before = layer.qweight.clone(), layer.scale.clone()
+    shape = SAME_COUNT_SHAPES[name](rows, cols)
+    wrong = torch.from_numpy((RNG.standard_normal(shape) * 3).astype(np.float32))
+    what = f"{shape_of(wrong)} update ({wrong.numel()} values, as many as the layer) of a [{rows}, {cols}] layer"
+    expect_value_error(f"ValueError for a {what} {WHY}", candidate.hot_update, layer, wrong)
+    assert torch.equal(layer.qweight, q_before) and torch.equal(layer.scale, s_before), \
+        f"the layer bitwise unchanged after the rejected {what} {WHY}"
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_quantize_and_hot_update_of_a_layer_with_no_rows(candidate, kind):
+    cols = int(RNG.integers(2, 48))
+    w = np.zeros((0, cols), dtype=np.float32)
+    q, s = candidate.quantize(as_kind(w, kind))
+    assert isinstance(q, torch.Tensor) and q.dtype == torch.int8 and tuple(q.shape) == (0, cols), \
+        f"quantize of an empty [0, {cols}] {kind} weight: an int8 [0, {cols}] tensor, got {q!r} {WHY}"
+    assert isinstance(s, torch.Tensor) and s.dtype == torch.float32 and tuple(s.shape) == (0,), \
+        f"quantize of an empty [0, {cols}] {kind} weight: a float32 [0] scale, got {s!r} {WHY}"
+    layer = Int8Layer.empty(0, cols)
+    q_where = storage_of(layer.qweight)
+    candidate.hot_update(layer, as_kind(w, kind))
+    assert storage_of(layer.qweight) == q_where, f"an empty update leaves the layer where it was {WHY}"
+
+
+@pytest.mark.parametrize("kind", ["list", "numpy", "torch"])
+@pytest.mark.parametrize("mode", ["abort", "wait", "keep", "retract"])
+def test_pause_costs_with_no_requests_in_flight(candidate, mode, kind):
+    # An update can arrive when nothing is generating: every cost is zero.
+    wrap = {"list": list, "numpy": lambda v: np.array(v, dtype=np.int64),
+            "torch": lambda v: torch.tensor(v, dtype=torch.int64)}[kind]
+    got = candidate.pause_costs(mode, wrap([]), wrap([]), 17, 12.5)
+    want = dict(wait_s=0.0, redecode=0, reprefill=0, mixed=0, kv_fresh=mode != "keep")
+    call = f"pause_costs({mode!r}, done=[], left=[] as {kind}, prompt=17, step_ms=12.5) (no requests in flight)"
+    assert isinstance(got, dict) and set(got) == set(want), f"{call} returns a dict with keys {sorted(want)}, got {got!r}"
+    for key, value in want.items():
+        same = bool(got[key]) is value if key == "kv_fresh" else float(got[key]) == value
+        assert same, f"{call}[{key!r}] should be {value}, got {got[key]!r}"

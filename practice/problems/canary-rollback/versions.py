@@ -28,6 +28,16 @@ def random_layer_name(path, rng: random.Random) -> str:
     return rng.choice(names)
 
 
+def with_nan(src, dst, name: str, seed: int = 0):
+    """A copy of ``src`` whose tensor ``name`` holds a NaN (a diverged trainer's checkpoint)."""
+    reader = CheckpointReader(src)
+    tensors = dict(reader.iter_tensors())
+    t = tensors[name].clone()
+    t.view(-1)[torch.randint(t.numel(), (1,), generator=torch.Generator().manual_seed(seed))] = float("nan")
+    tensors[name] = t
+    return write_checkpoint(dst, reader.config, tensors)
+
+
 def misshapen(path, seed: int = 0):
     """A checkpoint the engine must refuse: another hidden size."""
     return make_random(path, preset("tiny", hidden_size=32, head_dim=8), seed=seed)
@@ -41,10 +51,12 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
-def expected_answers(path, prompts, n_tokens: int) -> list[list[int]]:
-    params = {"max_new_tokens": n_tokens, "temperature": 0, "ignore_eos": True}
-    return [o["output_ids"] for o in Engine(path).generate(prompts, params)]
+def expected_answers(path, prompts, n_tokens) -> list[list[int]]:
+    """Greedy answers on ``path``; ``n_tokens`` is one length for all or a list, one per prompt."""
+    lengths = n_tokens if isinstance(n_tokens, (list, tuple)) else [n_tokens] * len(prompts)
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths]
+    return [o["output_ids"] for o in Engine(path).generate(list(prompts), params)]
 
 
-__all__ = ["Engine", "corrupted_copy", "random_layer_name", "misshapen", "kernel_weights", "same_weights",
+__all__ = ["Engine", "corrupted_copy", "random_layer_name", "with_nan", "misshapen", "kernel_weights", "same_weights",
            "expected_answers", "make_random"]

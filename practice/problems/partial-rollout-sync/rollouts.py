@@ -17,8 +17,11 @@ from course_lib.weights.checkpoint import make_random, random_state_dict, preset
 OLD = "default"  # the label a fresh engine serves under
 
 
-def run_case(candidate, mode, seed, n=4, overlap=3):
-    """Run ``candidate.overlap_and_sync`` once; returns a dict for ``failures``."""
+def run_case(candidate, mode, seed, n=4, overlap=3, lengths=None):
+    """Run ``candidate.overlap_and_sync`` once; returns a dict for ``failures``.
+
+    ``lengths``: the tokens each request asks for (default: ``n`` different lengths, all
+    longer than the overlap); a length up to ``overlap`` finishes before the sync."""
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="partial-rollout-")
     config = preset("tiny")
@@ -26,8 +29,9 @@ def run_case(candidate, mode, seed, n=4, overlap=3):
     new = random_state_dict(config, seed=rng.randrange(1000, 2000))
     new_path = write_checkpoint(f"{tmp}/new", config, new)
     engine = Engine(old_path, block_size=4)
-    prompts = ["".join(rng.choice("abcdefgh ") for _ in range(rng.randint(3, 9))) for _ in range(n)]
-    lengths = rng.sample(range(overlap + 2, overlap + 12), n)  # all different: they finish out of order
+    if lengths is None:
+        lengths = rng.sample(range(overlap + 2, overlap + 12), n)  # all different: they finish out of order
+    prompts = ["".join(rng.choice("abcdefgh ") for _ in range(rng.randint(3, 9))) for _ in range(len(lengths))]
     params = [{"max_new_tokens": k, "temperature": 1.0, "seed": rng.randrange(10 ** 6), "ignore_eos": True}
               for k in lengths]
     version = f"v{rng.randrange(100, 999)}"
@@ -55,7 +59,9 @@ def failures(case) -> list[str]:
                        f"tokens finished by {reason!r} (an aborted rollout must be generated again)")
             continue
         versions = [s["version"] for s in out["meta_info"]["weight_versions"] for _ in range(s["start"], s["end"])]
-        if mode in ("keep", "retract"):
+        if k <= overlap:  # finished before the sync: every token is an old one, whatever the mode
+            want = [OLD] * k
+        elif mode in ("keep", "retract"):
             want = [OLD] * overlap + [version] * (k - overlap)
         elif mode == "abort":
             want = [version] * k
