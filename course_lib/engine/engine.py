@@ -12,6 +12,7 @@ import torch
 
 from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.block_manager import BlockManager
+from course_lib.engine.history import STEP_LOG_SIZE, History
 from course_lib.engine.model_runner import ModelRunner
 from course_lib.engine.pause import EngineBusyError, EnginePausedError, Pausing  # noqa: F401 (importable here)
 from course_lib.engine.scheduler import Scheduler
@@ -77,7 +78,9 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         self._init_transfer_state()
         self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
-        self.step_log: list[dict] = []      # per step: which requests ran, prefill or decode, which version
+        # Per step: which requests ran, prefill or decode, which version (the newest
+        # STEP_LOG_SIZE steps; step_log.total counts them all).
+        self.step_log = History(STEP_LOG_SIZE)
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.num_requests = 0
         self.num_steps = 0

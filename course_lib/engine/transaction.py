@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from course_lib.engine.history import UPDATE_HISTORY_SIZE, History
 from course_lib.layers.quant import discard_staged_weights, kernel_tensors
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.update import PhaseTimer, UpdateError
@@ -83,7 +84,7 @@ class UpdateTransaction:
     def _init_update_state(self) -> None:
         self.weight_version = "default"
         self.weight_update_count = 0
-        self.update_history: list[dict] = []
+        self.update_history = History(UPDATE_HISTORY_SIZE)  # each update's result, the newest ones
         self.snapshot: dict | None = None    # host copy of the weights for rollback (take_snapshot)
         self.unhealthy: str | None = None    # why the engine must not serve, if it must not
 
