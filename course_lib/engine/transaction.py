@@ -200,17 +200,28 @@ class UpdateTransaction:
         update = ValidatedUpdate(apply, nbytes, "rolled back to the snapshot", timer)
         return self._run_update(update, UpdateOptions(snapshot["weight_version"], flush_cache, abort_all_requests))
 
-    def _after_midstream_fault(self, applied_layers: list[str], exc: Exception):
-        """A streamed update failed after validation: nothing written yet (refuse), or
-        restore the snapshot when one was kept, else stop serving a mix of two versions."""
+    def _after_midstream_fault(self, applied_layers: list[str], exc: Exception, rollback=None):
+        """A streamed update failed after validation: nothing written yet (refuse), or put
+        the written layers back (``rollback``: a ``RollbackPoint`` of just those layers,
+        else the snapshot when one was kept) and refuse: the engine serves the old weights.
+        Only when neither exists (or restoring fails) does it stop serving a mix of two versions."""
         discard_staged_weights(self.model)
         if not applied_layers:
             raise exc if isinstance(exc, UpdateError) else UpdateError(f"update failed before any layer "
                                                                        f"changed: {exc}") from exc
-        if self.snapshot is not None:
-            self._restore(self.snapshot)
-            raise UpdateError(f"update failed after {len(applied_layers)} layers ({exc}); the weights were "
-                              f"restored from the snapshot") from exc
+        try:
+            if rollback is not None:
+                rollback.restore()
+                raise UpdateError(f"update refused after {len(applied_layers)} layers were written ({exc}); "
+                                  f"those layers were restored: the engine serves the old weights") from exc
+            if self.snapshot is not None:
+                self._restore(self.snapshot)
+                raise UpdateError(f"update failed after {len(applied_layers)} layers ({exc}); the weights "
+                                  f"were restored from the snapshot") from exc
+        except UpdateError:
+            raise
+        except Exception as restore_error:  # noqa: BLE001 - restoring itself failed: a mix of versions
+            exc = RuntimeError(f"{exc}; restoring the old layers failed too: {restore_error}")
         self.unhealthy = (f"update failed after {len(applied_layers)} layers were written ({exc}); "
                           f"the weights are a mix of two versions")
         raise UpdateError(self.unhealthy) from exc
