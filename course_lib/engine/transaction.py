@@ -17,13 +17,14 @@ in place when asked (``rollback``) or when a streamed update fails midway.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
 from course_lib.engine.history import UPDATE_HISTORY_SIZE, History
 from course_lib.layers.quant import discard_staged_weights, kernel_tensors
+from course_lib.layers.rotary import RotaryEmbedding
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.update import PhaseTimer, UpdateError
 
@@ -161,6 +162,25 @@ class UpdateTransaction:
         self.weight_version = str(new_version)
         return {"success": True, "new_version": self.weight_version}
 
+    def _apply_runtime_config(self, new) -> dict:
+        """Apply ``config.json``'s runtime fields (``ModelConfig.runtime_fields``) from
+        ``new``, as a cold start on that directory would have them: the rotary tables
+        recomputed in place for ``rope_theta``, the tokenizer's and the scheduler's token
+        ids. Returns {field: [old, new]} for what changed. Fields that need a restart
+        were refused before anything changed (``validate_config``)."""
+        current = self.model_config
+        changed = {f: [getattr(current, f), getattr(new, f)] for f in current.runtime_fields
+                   if getattr(current, f) != getattr(new, f)}
+        for name, (_, value) in changed.items():
+            setattr(current, name, value)
+        if "rope_theta" in changed:
+            for module in self.model.modules():
+                if isinstance(module, RotaryEmbedding):
+                    module.set_theta(current.rope_theta)
+        self.tokenizer.bos_token_id = current.bos_token_id
+        self.tokenizer.eos_token_id = self.scheduler.eos_token_id = current.eos_token_id
+        return changed
+
     # ---- snapshots and rollback (host memory, no disk read) ------------------------------
     def take_snapshot(self) -> dict:
         """Copy every tensor the kernels read to host memory (pinned on GPU), with the
@@ -173,7 +193,9 @@ class UpdateTransaction:
             tensors[name] = host
         if pin:
             torch.cuda.synchronize()
-        self.snapshot = {"weight_version": self.weight_version, "tensors": tensors}
+        runtime = {f: getattr(self.model_config, f) for f in self.model_config.runtime_fields}
+        self.snapshot = {"weight_version": self.weight_version, "tensors": tensors,
+                         "config": replace(self.model_config, **runtime)}
         return self.snapshot
 
     def _restore(self, snapshot: dict) -> None:
@@ -193,7 +215,8 @@ class UpdateTransaction:
         snapshot = self.snapshot
 
         def apply(timer: PhaseTimer) -> Applied:
-            self._restore(snapshot)
+            self._restore(snapshot)  # the rotary tables are kernel tensors: restored here too
+            self._apply_runtime_config(snapshot["config"])
             timer.lap("copy")
             return Applied()
         nbytes = sum(t.numel() * t.element_size() for t in snapshot["tensors"].values())

@@ -101,6 +101,18 @@ def layerwise_applier(engine, reader, names, use_snapshot: bool):
     return apply
 
 
+def with_runtime_config(engine, new, apply):
+    """``apply``, then the runtime config fields (after every weight is written: a refused
+    update changes neither)."""
+    def apply_all(timer: PhaseTimer) -> Applied:
+        applied = apply(timer)
+        changed = engine._apply_runtime_config(new)
+        if changed:
+            applied.fields["config_applied"] = changed
+        return applied
+    return apply_all
+
+
 # ---- sources ----------------------------------------------------------------------------------
 
 def disk_update(engine, model_path, partial: bool, staging: str, keep_snapshot: bool) -> ValidatedUpdate:
@@ -119,6 +131,7 @@ def disk_update(engine, model_path, partial: bool, staging: str, keep_snapshot: 
     if keep_snapshot:
         engine.take_snapshot()
         timer.lap("snapshot")
+    apply = with_runtime_config(engine, reader.config, apply)
     return ValidatedUpdate(apply, nbytes, f"updated from {reader.path}", timer)
 
 
