@@ -91,7 +91,8 @@ def test_soak_memory_is_flat_and_no_token_is_stale(make_ckpt, monkeypatch):
         counts["tokens"] += len(reply["output_ids"])
         counts["early"] += number < floor  # served by a version already replaced
         want = reference[ckpts[number % 2], prompt, length]
-        counts["stale"] += sum(a != b for a, b in zip(reply["output_ids"], want)) + abs(len(want) - len(reply["output_ids"]))
+        got = reply["output_ids"]
+        counts["stale"] += sum(x != y for x, y in zip(got, want)) + abs(len(want) - len(got))
 
     tracemalloc.start()
     with BackgroundServer(Engine(ckpts[0]), allow_weight_update=True) as server:
