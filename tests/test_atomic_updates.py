@@ -152,8 +152,7 @@ def test_checkpoint_rewritten_in_place_during_an_update_is_refused_not_a_crash(c
 def test_checkpoint_replaced_after_validation_is_refused(ckpts, tmp_path):
     """A file replaced between the header check and the read (same names and shapes, new
     bytes) is refused rather than read: its values were never the validated ones."""
-    a, b = ckpts
-    engine = Engine(a)
+    _, b = ckpts
     new = shutil.copytree(b, tmp_path / "new")
     reader = CheckpointReader(new)
     reader.metadata()
