@@ -2,7 +2,9 @@
 
 ``ModelConfig`` holds exactly the fields a Qwen3-style decoder needs and validates them,
 so a checkpoint the model cannot build is refused with a message naming the field.
-``structural_fields`` are the ones a hot update can never change (they fix tensor shapes).
+``structural_fields`` are the ones a hot update can never change (they fix tensor shapes);
+``restart_fields`` change the numerics but cannot be changed in place either, and
+``runtime_fields`` are applied by a hot update with the weights.
 """
 from __future__ import annotations
 
@@ -44,6 +46,17 @@ class ModelConfig:
         "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",
         "model_type",
     )
+
+    # Fields that change the numerics but cannot be changed in place: a hot update that
+    # changes one is refused as needing a restart. max_position_embeddings sizes the rotary
+    # tables and bounds max_model_len, which sized the KV pool and the batch budget;
+    # rms_norm_eps is a number passed to the norm kernels, baked into captured CUDA graphs.
+    restart_fields = ("max_position_embeddings", "rms_norm_eps")
+    # Fields a hot update applies with the weights (see engine/update_sources.py): the
+    # rotary tables are recomputed in place for rope_theta; the token ids only steer the
+    # tokenizer and the scheduler's stop check. torch_dtype is neither: it is the storage
+    # dtype the tensors are checked against, cast into the engine's fixed compute dtype.
+    runtime_fields = ("rope_theta", "bos_token_id", "eos_token_id")
 
     def __post_init__(self):
         self.validate()
@@ -134,10 +147,10 @@ class ModelConfig:
                  initializer_range=0.02, use_cache=True)
         return d
 
-    def structural_diff(self, other: "ModelConfig") -> dict:
-        """{field: (self, other)} for every structural field that differs."""
+    def structural_diff(self, other: "ModelConfig", fields=None) -> dict:
+        """{field: (self, other)} for every structural field (or every one of ``fields``) that differs."""
         return {name: (getattr(self, name), getattr(other, name))
-                for name in self.structural_fields if getattr(self, name) != getattr(other, name)}
+                for name in (fields or self.structural_fields) if getattr(self, name) != getattr(other, name)}
 
 
 def is_cuda(device) -> bool:

@@ -12,6 +12,7 @@ import torch
 
 from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.block_manager import BlockManager
+from course_lib.engine.history import STEP_LOG_SIZE, History
 from course_lib.engine.model_runner import ModelRunner
 from course_lib.engine.pause import EngineBusyError, EnginePausedError, Pausing  # noqa: F401 (importable here)
 from course_lib.engine.scheduler import Scheduler
@@ -77,7 +78,9 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         self._init_transfer_state()
         self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
-        self.step_log: list[dict] = []      # per step: which requests ran, prefill or decode, which version
+        # Per step: which requests ran, prefill or decode, which version (the newest
+        # STEP_LOG_SIZE steps; step_log.total counts them all).
+        self.step_log = History(STEP_LOG_SIZE)
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.num_requests = 0
         self.num_steps = 0
@@ -126,6 +129,23 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         self.scheduler.add(seq)
         return seq.rid
 
+    def abort_request(self, rid: str, message: str = "aborted", reason_type: str = "abort") -> bool:
+        """End request ``rid`` now, running or queued: its KV blocks are freed and its output
+        (``finish_reason {"type": reason_type, "message": message}``, the tokens so far)
+        comes out of the next ``step()``, as every abort does. ``reason_type`` is "abort"
+        (its caller gave up) or "error" (a step failed on it). Returns False, changing
+        nothing, for an id that is not running or queued (unknown, or finished already)."""
+        if reason_type not in ("abort", "error"):
+            raise ValueError(f"reason_type must be 'abort' or 'error', got {reason_type!r}")
+        if not isinstance(message, str):
+            raise ValueError(f"message must be a str, got {type(message).__name__}")
+        seq = self.requests.get(rid) if isinstance(rid, str) else None
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, {"type": reason_type, "message": message})
+        self._pending.append(self._output(seq))
+        return True
+
     def has_unfinished_requests(self) -> bool:
         """True while requests are queued or running, or finished outputs (e.g. aborts)
         wait for the next ``step()`` to return them."""
@@ -135,12 +155,19 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         """One engine step; returns the outputs of requests that finished in it (and of
         requests aborted since the last step). While paused, only ``wait`` mode runs."""
         outputs, self._pending = self._pending, []
+        try:
+            return outputs + self._step()
+        except BaseException:
+            self._pending = outputs + self._pending  # a failed step loses no finished output
+            raise
+
+    def _step(self) -> list[dict]:
         self._check_healthy()
         if self.paused and self.pause_mode != "wait":
-            return outputs
+            return []
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
-            return outputs
+            return []
         if is_prefill:
             for seq in seqs:
                 computed = seq.num_tokens - seq.num_cached_tokens
@@ -153,7 +180,7 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         self.step_log.append({"step": self.num_steps, "prefill": is_prefill, "version": self.weight_version,
                               "rids": [s.rid for s in seqs]})
         self.num_steps += 1
-        return outputs + [self._output(seq) for seq in finished]
+        return [self._output(seq) for seq in finished]
 
     def _output(self, seq: Sequence) -> dict:
         self.requests.pop(seq.rid, None)

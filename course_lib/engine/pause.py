@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from course_lib.engine.history import PAUSE_STATS_SIZE, History
 from course_lib.layers.quant import pending_layers
 from course_lib.weights.update import UpdateError
 
@@ -42,7 +43,8 @@ class Pausing:
     def _init_pause_state(self) -> None:
         self.paused = False
         self.pause_mode: str | None = None
-        self.pause_stats: list[dict] = []   # one record per pause: what it cost (see pause_generation)
+        # One record per pause, what it cost (see pause_generation): the newest PAUSE_STATS_SIZE.
+        self.pause_stats = History(PAUSE_STATS_SIZE)
 
     def pause_generation(self, mode: str = "abort") -> dict:
         """Stop generating so weights can change between two steps. In-flight requests:

@@ -17,12 +17,14 @@ in place when asked (``rollback``) or when a streamed update fails midway.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
+from course_lib.engine.history import UPDATE_HISTORY_SIZE, History
 from course_lib.layers.quant import discard_staged_weights, kernel_tensors
+from course_lib.layers.rotary import RotaryEmbedding
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.update import PhaseTimer, UpdateError
 
@@ -83,7 +85,7 @@ class UpdateTransaction:
     def _init_update_state(self) -> None:
         self.weight_version = "default"
         self.weight_update_count = 0
-        self.update_history: list[dict] = []
+        self.update_history = History(UPDATE_HISTORY_SIZE)  # each update's result, the newest ones
         self.snapshot: dict | None = None    # host copy of the weights for rollback (take_snapshot)
         self.unhealthy: str | None = None    # why the engine must not serve, if it must not
 
@@ -160,6 +162,25 @@ class UpdateTransaction:
         self.weight_version = str(new_version)
         return {"success": True, "new_version": self.weight_version}
 
+    def _apply_runtime_config(self, new) -> dict:
+        """Apply ``config.json``'s runtime fields (``ModelConfig.runtime_fields``) from
+        ``new``, as a cold start on that directory would have them: the rotary tables
+        recomputed in place for ``rope_theta``, the tokenizer's and the scheduler's token
+        ids. Returns {field: [old, new]} for what changed. Fields that need a restart
+        were refused before anything changed (``validate_config``)."""
+        current = self.model_config
+        changed = {f: [getattr(current, f), getattr(new, f)] for f in current.runtime_fields
+                   if getattr(current, f) != getattr(new, f)}
+        for name, (_, value) in changed.items():
+            setattr(current, name, value)
+        if "rope_theta" in changed:
+            for module in self.model.modules():
+                if isinstance(module, RotaryEmbedding):
+                    module.set_theta(current.rope_theta)
+        self.tokenizer.bos_token_id = current.bos_token_id
+        self.tokenizer.eos_token_id = self.scheduler.eos_token_id = current.eos_token_id
+        return changed
+
     # ---- snapshots and rollback (host memory, no disk read) ------------------------------
     def take_snapshot(self) -> dict:
         """Copy every tensor the kernels read to host memory (pinned on GPU), with the
@@ -172,7 +193,9 @@ class UpdateTransaction:
             tensors[name] = host
         if pin:
             torch.cuda.synchronize()
-        self.snapshot = {"weight_version": self.weight_version, "tensors": tensors}
+        runtime = {f: getattr(self.model_config, f) for f in self.model_config.runtime_fields}
+        self.snapshot = {"weight_version": self.weight_version, "tensors": tensors,
+                         "config": replace(self.model_config, **runtime)}
         return self.snapshot
 
     def _restore(self, snapshot: dict) -> None:
@@ -192,24 +215,36 @@ class UpdateTransaction:
         snapshot = self.snapshot
 
         def apply(timer: PhaseTimer) -> Applied:
-            self._restore(snapshot)
+            self._restore(snapshot)  # the rotary tables are kernel tensors: restored here too
+            self._apply_runtime_config(snapshot["config"])
             timer.lap("copy")
             return Applied()
         nbytes = sum(t.numel() * t.element_size() for t in snapshot["tensors"].values())
         update = ValidatedUpdate(apply, nbytes, "rolled back to the snapshot", timer)
         return self._run_update(update, UpdateOptions(snapshot["weight_version"], flush_cache, abort_all_requests))
 
-    def _after_midstream_fault(self, applied_layers: list[str], exc: Exception):
-        """A streamed update failed after validation: nothing written yet (refuse), or
-        restore the snapshot when one was kept, else stop serving a mix of two versions."""
+    def _after_midstream_fault(self, applied_layers: list[str], exc: Exception, rollback=None):
+        """A streamed update failed after validation: nothing written yet (refuse), or put
+        the written layers back (``rollback``: a ``RollbackPoint`` of just those layers,
+        else the snapshot when one was kept) and refuse: the engine serves the old weights.
+        Only when neither exists (or restoring fails) does it stop serving a mix of two versions."""
         discard_staged_weights(self.model)
         if not applied_layers:
             raise exc if isinstance(exc, UpdateError) else UpdateError(f"update failed before any layer "
                                                                        f"changed: {exc}") from exc
-        if self.snapshot is not None:
-            self._restore(self.snapshot)
-            raise UpdateError(f"update failed after {len(applied_layers)} layers ({exc}); the weights were "
-                              f"restored from the snapshot") from exc
+        try:
+            if rollback is not None:
+                rollback.restore()
+                raise UpdateError(f"update refused after {len(applied_layers)} layers were written ({exc}); "
+                                  f"those layers were restored: the engine serves the old weights") from exc
+            if self.snapshot is not None:
+                self._restore(self.snapshot)
+                raise UpdateError(f"update failed after {len(applied_layers)} layers ({exc}); the weights "
+                                  f"were restored from the snapshot") from exc
+        except UpdateError:
+            raise
+        except Exception as restore_error:  # noqa: BLE001 - restoring itself failed: a mix of versions
+            exc = RuntimeError(f"{exc}; restoring the old layers failed too: {restore_error}")
         self.unhealthy = (f"update failed after {len(applied_layers)} layers were written ({exc}); "
                           f"the weights are a mix of two versions")
         raise UpdateError(self.unhealthy) from exc

@@ -17,7 +17,7 @@ from course_lib.layers.quant import discard_staged_weights, process_weights_afte
 from course_lib.engine.transaction import Applied, ValidatedUpdate, receive_even_if_refused
 from course_lib.weights import bucket, safe_pickle
 from course_lib.weights.checkpoint import hf_tensor_shapes
-from course_lib.weights.layerwise import LayerwiseReload
+from course_lib.weights.rollback import GuardedLayerwiseReload, RollbackPoint
 from course_lib.weights.reshard import check_plan_matches, load_shards, receive_shards
 from course_lib.weights.transports import dist as dist_transport
 from course_lib.weights.transports import remote, sparse
@@ -75,23 +75,42 @@ def chunk_applier(engine, named_tensors, allow_pending: bool):
     return apply
 
 
-def layerwise_applier(engine, reader, names):
-    """Stream a checkpoint one decoder layer at a time (``weights/layerwise.py``); a fault
-    midway restores the snapshot or marks the engine unhealthy."""
+def layerwise_applier(engine, reader, names, use_snapshot: bool):
+    """Stream a checkpoint one decoder layer at a time (``weights/layerwise.py``), each
+    layer checked (finite values) before it is written and saved to a rollback point
+    (``weights/rollback.py``) just before; a fault midway puts the written layers back
+    (from the rollback point, or from the full snapshot when ``use_snapshot``)."""
     def apply(timer: PhaseTimer) -> Applied:
-        reload = LayerwiseReload(engine.model, names, engine.config.device)
+        rollback = None if use_snapshot else RollbackPoint(engine.model)
+        reload = GuardedLayerwiseReload(engine.model, names, engine.config.device, rollback)
         try:
             for name, tensor in reader.iter_tensors(names):
                 reload.feed(name, tensor)
             memory = reload.finish()
         except Exception as exc:
-            engine._after_midstream_fault(reload.applied, exc)
+            engine._after_midstream_fault(reload.applied, exc, rollback)
+        finally:
+            if rollback is not None:
+                rollback.release()
+        memory["rollback_peak_bytes"] = reload.peak_rollback_bytes  # host memory, freed now
         wall = timer.ms_since_lap()
         timer.ms.update({k: v for k, v in reload.ms.items() if k != "transfer"})
         timer.ms["transfer"] = max(0.0, wall - reload.ms["copy"] - reload.ms["post_process"])  # reading + H2D
         timer.lap(None)
         return Applied(fields={"memory": memory})
     return apply
+
+
+def with_runtime_config(engine, new, apply):
+    """``apply``, then the runtime config fields (after every weight is written: a refused
+    update changes neither)."""
+    def apply_all(timer: PhaseTimer) -> Applied:
+        applied = apply(timer)
+        changed = engine._apply_runtime_config(new)
+        if changed:
+            applied.fields["config_applied"] = changed
+        return applied
+    return apply_all
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -108,10 +127,11 @@ def disk_update(engine, model_path, partial: bool, staging: str, keep_snapshot: 
         timer.lap("transfer")
         apply = chunk_applier(engine, staged.items(), allow_pending=False)
     else:
-        apply = layerwise_applier(engine, reader, names)
+        apply = layerwise_applier(engine, reader, names, use_snapshot=keep_snapshot)
     if keep_snapshot:
         engine.take_snapshot()
         timer.lap("snapshot")
+    apply = with_runtime_config(engine, reader.config, apply)
     return ValidatedUpdate(apply, nbytes, f"updated from {reader.path}", timer)
 
 

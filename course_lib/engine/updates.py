@@ -58,13 +58,26 @@ class WeightUpdates:
         shape and dtype, file sizes): a bad checkpoint raises ``UpdateError`` and leaves
         the weights, the version and every request untouched. Then:
 
-        - ``staging="layer"`` (default): stream one decoder layer at a time (extra memory
-          about one layer; see layerwise.py). A fault found mid-stream rolls back to a
-          snapshot when ``keep_snapshot=True``, else marks the engine unhealthy.
+        - ``staging="layer"`` (default): stream one decoder layer at a time (extra device
+          memory about one layer; see layerwise.py). Each layer's values are checked
+          (finite) before it is written, and its old values are copied to host memory
+          just before (a rollback point, rollback.py: host memory grows with the layers
+          written, freed at the end). A fault found mid-stream (NaN or inf in a later
+          tensor, a file truncated or changed while read) puts the written layers back
+          and raises ``UpdateError``: the engine serves the old weights, healthy.
         - ``staging="full"``: read everything into host memory first (extra memory: the
           whole model), so even a mid-read fault changes nothing.
 
-        ``keep_snapshot=True`` also keeps the old weights in host memory for ``rollback()``.
+        ``keep_snapshot=True`` also keeps the old weights in host memory for ``rollback()``
+        (and is then the rollback point). ``config.json``'s runtime fields ``rope_theta``,
+        ``bos_token_id`` and ``eos_token_id`` are applied with the weights; a change to a
+        field that needs a restart (structure, ``max_position_embeddings``,
+        ``rms_norm_eps``) is refused before anything changes (see ``ModelConfig``).
+
+        Trainers should write a new checkpoint to a new directory (or temporary names)
+        and then rename it into place: files are read without a memory map, so a file
+        rewritten in place (truncate + write) while it is read is refused cleanly and
+        never crashes the server, but the update is lost and must be retried.
         Returns SGLang's fields plus ``timings_ms`` per phase, ``bytes`` and ``memory``.
         """
         if staging not in ("layer", "full"):

@@ -92,11 +92,11 @@ class HttpSync:
         self.bucket_bytes = bucket_bytes
 
     def sync(self, named_tensors, version: str, pause_mode: str | None = None) -> dict:
-        seen = self.server.worker.call_sync(lambda e: len(e.update_history))
+        seen = self.server.worker.call_sync(lambda e: e.update_history.total)
         times = self.client.sync_weights(named_tensors=named_tensors, weight_version=version,
                                          pause_mode=pause_mode, bucket_bytes=self.bucket_bytes,
                                          flush_interval_s=0.01)
-        history = self.server.worker.call_sync(lambda e: e.update_history[seen:])
+        history = self.server.worker.call_sync(lambda e: e.update_history.since(seen))
         inside = {}
         for result in history:
             _add(inside, result["timings_ms"])

@@ -11,9 +11,8 @@ stays free because handlers await futures instead of blocking.
 
 A step that raises never stops the loop: the requests it ran end with finish_reason
 ``{"type": "error", "message"}`` and everything else keeps being served. A batch is queued
-all or nothing, and a cancelled batch (its client disconnected) is aborted. Ending single
-requests uses the scheduler's ``finish`` and the engine's output shape directly, because
-the engine has no public per-request abort yet.
+all or nothing, and a cancelled batch (its client disconnected) is aborted. Single
+requests are ended with ``Engine.abort_request``; their outputs come out of the next step.
 """
 from __future__ import annotations
 
@@ -126,8 +125,7 @@ class EngineWorker:
 
         def abandoned(future: concurrent.futures.Future) -> None:
             if future.cancelled():  # runs after add (commands run in order), so queued is final
-                self.submit(lambda e: self._deliver(self._end(queued, {"type": "abort",
-                                                                      "message": "the client went away"})))
+                self.submit(lambda e: self._end(queued, {"type": "abort", "message": "the client went away"}))
 
         self.submit(add).add_done_callback(refused)
         done.add_done_callback(abandoned)
@@ -137,19 +135,11 @@ class EngineWorker:
                              ) -> list[dict]:
         return await asyncio.wrap_future(self.generate(items, key, params, return_logprob))
 
-    def _end(self, rids: list[str], reason: dict) -> list[dict]:
-        """Finish these requests now (engine thread) with ``reason``; returns their outputs.
-        Requests that already finished are skipped."""
-        # The engine has no public call that ends one request; this uses the scheduler's
-        # finish and the engine's own output shape (see the module docstring).
-        e, outputs = self.engine, []
+    def _end(self, rids: list[str], reason: dict) -> None:
+        """Finish these requests now (engine thread) with ``reason``; their outputs come out
+        of the next ``engine.step()`` and are delivered from there. Finished ones are skipped."""
         for rid in rids:
-            seq = e.requests.get(rid)
-            if seq is None:
-                continue
-            e.scheduler.finish(seq, reason)
-            outputs.append(e._output(seq))
-        return outputs
+            self.engine.abort_request(rid, reason["message"], reason["type"])
 
     # ---- the engine thread -------------------------------------------------------------
     def _steppable(self) -> bool:
@@ -233,7 +223,8 @@ class EngineWorker:
         self.step_errors += 1
         self.last_step_error = message
         log.error("engine step failed; ending its %d requests", len(batch), exc_info=exc)
-        return self._end(batch, {"type": "error", "message": message})
+        self._end(batch, {"type": "error", "message": message})
+        return []  # their outputs come out of the next step
 
     def _fail_waiters(self, error: ApiError) -> None:
         for batch in set(self._waiting.values()):

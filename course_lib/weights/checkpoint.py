@@ -6,7 +6,9 @@ safetensors shards with ``model.safetensors.index.json``, or ``pytorch_model.bin
 
 ``CheckpointReader`` reads names, shapes and dtypes from the safetensors headers without
 touching the data (what the update transaction validates before it writes anything), and
-streams tensors one at a time (what the loaders consume).
+streams tensors one at a time (what the loaders consume), read without a memory map
+(a file rewritten in place while mapped would kill the process with SIGBUS). A tensor
+stored in two files is refused, by cold starts and updates alike.
 
 This module is also the one place to import checkpoint things from: the random
 checkpoints (``make_random``, ``preset``, ``PRESETS``, ``random_tensor``, ...) live in
@@ -30,7 +32,8 @@ from course_lib.models.qwen3 import hf_tensor_shapes
 from course_lib.weights.pinned_reader import iter_safetensors_to_gpu
 from course_lib.weights.random_checkpoint import (PRESETS, make_random, preset, random_state_dict, random_tensor,
                                                   write_checkpoint)
-from course_lib.weights.safetensors_format import CheckpointError, check_safetensors_size, safetensors_dtype
+from course_lib.weights.safetensors_format import (CheckpointError, check_safetensors_size, file_identity,
+                                                   iter_safetensors_file, safetensors_dtype)
 
 __all__ = ["CheckpointError", "CheckpointReader", "PRESETS", "hf_tensor_shapes", "make_random", "preset",
            "random_state_dict", "random_tensor", "write_checkpoint"]
@@ -53,6 +56,7 @@ class CheckpointReader:
             raise CheckpointError(str(exc)) from exc
         self.files, self.format = self._find_files()
         self._meta: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+        self._identity: dict[Path, tuple] = {}  # each safetensors file as metadata() validated it
 
     def _find_files(self) -> tuple[dict[str, Path], str]:
         """{tensor name or '*': file} and the format ('safetensors' or 'torch')."""
@@ -83,33 +87,44 @@ class CheckpointReader:
 
     def _load_torch_file(self, file: Path) -> dict[str, torch.Tensor]:
         try:
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            # No memory map: a file truncated while mapped kills the process with SIGBUS.
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=False)
         except Exception as exc:  # torch raises several types for a bad file
             raise CheckpointError(f"{file}: cannot read ({exc})") from exc
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise CheckpointError(f"{file}: expected a dict of tensors")
         return state
 
+    @staticmethod
+    def _safetensors_entries(file: Path) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        check_safetensors_size(file)
+        try:
+            with safe_open(str(file), framework="pt") as f:  # the library's own header checks
+                return [(name, tuple(f.get_slice(name).get_shape()),
+                         safetensors_dtype(f.get_slice(name).get_dtype(), file)) for name in f.keys()]
+        except CheckpointError:
+            raise
+        except Exception as exc:  # safetensors raises SafetensorError for bad headers
+            raise CheckpointError(f"{file}: unreadable safetensors file ({exc})") from exc
+
     def metadata(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """{name: (shape, dtype)} for every tensor, read from headers (no tensor data)."""
         if self._meta is not None:
             return self._meta
-        meta = {}
+        meta, where = {}, {}
         for file in self._unique_files():
             if self.format == "torch":
-                for name, t in self._load_torch_file(file).items():
-                    meta[name] = (tuple(t.shape), t.dtype)
-                continue
-            check_safetensors_size(file)
-            try:
-                with safe_open(str(file), framework="pt") as f:
-                    for name in f.keys():
-                        sl = f.get_slice(name)
-                        meta[name] = (tuple(sl.get_shape()), safetensors_dtype(sl.get_dtype(), file))
-            except CheckpointError:
-                raise
-            except Exception as exc:  # safetensors raises SafetensorError for bad headers
-                raise CheckpointError(f"{file}: unreadable safetensors file ({exc})") from exc
+                entries = [(name, tuple(t.shape), t.dtype) for name, t in self._load_torch_file(file).items()]
+            else:
+                entries = self._safetensors_entries(file)
+            for name, shape, dtype in entries:
+                if name in where:
+                    # Refused by every reader alike (cold start and update): which copy is
+                    # the weight would depend on the order the files are read in.
+                    raise CheckpointError(f"{name} is stored twice, in {where[name].name} and in {file.name}; "
+                                          f"a checkpoint must store each tensor once")
+                meta[name], where[name] = (shape, dtype), file
+            self._identity[file] = file_identity(file)
         self._meta = meta
         return meta
 
@@ -128,14 +143,10 @@ class CheckpointReader:
                     if wanted is None or name in wanted:
                         yield name, t.to(device)
                 continue
-            try:
-                with safe_open(str(file), framework="pt", device=str(device)) as f:
-                    for name in f.keys():
-                        if wanted is None or name in wanted:
-                            yield name, f.get_tensor(name)
-            except Exception as exc:
-                if isinstance(exc, CheckpointError):
-                    raise
+            try:  # no memory map: see iter_safetensors_file
+                for name, t in iter_safetensors_file(file, wanted, self._identity.get(file)):
+                    yield name, t.to(device)
+            except OSError as exc:
                 raise CheckpointError(f"{file}: cannot read tensor data ({exc})") from exc
 
     def nbytes(self) -> int:

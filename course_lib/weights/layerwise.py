@@ -11,8 +11,9 @@ memory is about one layer plus whatever arrived early for the next, and it is me
 on GPU the allocator's peak above the starting point is reported too.
 
 The price of streaming: a fault discovered after some layers were applied (a file that
-changed since it was validated, a layer with NaNs) cannot be undone without a snapshot,
-so the engine either restores one or marks itself unhealthy (see engine/transaction.py).
+changed since it was validated, a layer with NaNs) must be undone. The disk update uses
+``GuardedLayerwiseReload`` (rollback.py), which saves each layer to host memory before
+writing it and restores the written layers on a fault (see engine/transaction.py).
 """
 from __future__ import annotations
 

@@ -6,13 +6,19 @@ tensor bytes. ``checkpoint.py`` reads the header to validate a checkpoint before
 tensor data is touched; ``pinned_reader.py`` reads it to copy each tensor's bytes straight
 into pinned memory. Both import this module, and it imports neither.
 
+``iter_safetensors_file`` reads tensors without a memory map (see its docstring: a file
+truncated under a memory map kills the process with SIGBUS).
+
 ``CheckpointError`` lives here because it is the one error every checkpoint reader
 raises, and this is the module all of them import.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -62,3 +68,56 @@ def check_safetensors_size(file: Path) -> None:
     size = Path(file).stat().st_size
     if need > size:
         raise CheckpointError(f"{file}: truncated: the header needs {need} bytes, the file has {size}")
+
+
+def file_identity(file) -> tuple[int, int, int]:
+    """(inode, size, modification time in ns): changes when a file is rewritten or replaced."""
+    st = os.stat(file)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def iter_safetensors_file(file, wanted: set[str] | None = None,
+                          identity: tuple[int, int, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for each tensor of ``file`` (or only ``wanted``), in file order,
+    read with ``os.pread`` into fresh memory: no memory map, so a file truncated while it
+    is read raises ``CheckpointError`` instead of killing the process with SIGBUS.
+
+    ``identity`` (from ``file_identity`` when the file was validated): a file rewritten
+    or replaced since is refused before its bytes are used, and one that changes while
+    it is read is refused as soon as that is seen (size or modification time)."""
+    file = Path(file)
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        start = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if identity is not None and start != identity:
+            raise CheckpointError(f"{file}: changed since it was validated (rewritten or replaced); "
+                                  f"trainers should write a new checkpoint elsewhere, then rename it into place")
+        header, data_start = read_safetensors_header(file)
+        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            if wanted is not None and name not in wanted:
+                continue
+            yield name, _read_tensor(fd, file, name, info, data_start, start)
+    finally:
+        os.close(fd)
+
+
+def _read_tensor(fd: int, file: Path, name: str, info: dict, data_start: int, start: tuple) -> torch.Tensor:
+    dtype, shape = safetensors_dtype(info["dtype"], file), tuple(info["shape"])
+    begin, end = info["data_offsets"]
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        raise CheckpointError(f"{file}: {name} has {end - begin} bytes for shape {shape} of {dtype}")
+    raw = torch.empty(end - begin, dtype=torch.uint8)
+    view, done = memoryview(raw.numpy()), 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], data_start + begin + done)
+        if got <= 0:
+            raise CheckpointError(f"{file}: truncated while being read ({name} ends at byte "
+                                  f"{data_start + end}); trainers should write a new checkpoint "
+                                  f"elsewhere, then rename it into place")
+        done += got
+    st = os.fstat(fd)
+    if (st.st_size, st.st_mtime_ns) != start[1:]:
+        raise CheckpointError(f"{file}: changed while being read; trainers should write a new checkpoint "
+                              f"elsewhere, then rename it into place")
+    return raw.view(dtype).view(shape)

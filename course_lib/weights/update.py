@@ -35,6 +35,11 @@ def validate_config(current: ModelConfig, new: ModelConfig) -> None:
         fields = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
         raise UpdateError(f"the new checkpoint changes the model's structure ({fields}); "
                           f"a hot update can only change values: restart the engine for this")
+    diff = current.structural_diff(new, current.restart_fields)
+    if diff:
+        fields = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+        raise UpdateError(f"the new config.json changes {fields}, which a hot update cannot apply in place "
+                          f"(see ModelConfig.restart_fields): restart the engine for this")
 
 
 _SHAPES_CACHE: dict[tuple, dict] = {}
