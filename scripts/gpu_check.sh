@@ -3,6 +3,7 @@
 # benchmarks, in one call. Runs from the repository root without installing anything
 # (torch, safetensors, transformers and pytest are already there).
 #   bash scripts/gpu_check.sh          tests + judge + benchmarks at ~0.6B / ~1.7B
+#   bash scripts/gpu_check.sh tests    tests and the judge only (no benchmarks)
 #   bash scripts/gpu_check.sh large    the ~8B benchmarks only
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
 set -uo pipefail
@@ -19,8 +20,16 @@ if [ "${1:-}" = "large" ]; then
     exit $status
 fi
 python -m pytest -m cuda -p no:cacheprovider -q -rA --continue-on-collection-errors 2>&1 | tee "$out/pytest_cuda.log" || status=1
-# The judge's CUDA cases (graded here, "not graded" on CPU machines).
-python practice/judge.py check 2>&1 | tee "$out/judge_check.log" || status=1
+# The chapters' exercises on this GPU: every case graded, CUDA ones included (exit 0 expected).
+for ch in $(ls practice/chapters | grep '^ch[0-9][0-9]$'); do
+    python practice/judge.py test "$ch" 2>&1 | tee "$out/judge_test_$ch.log" || status=1
+done
+# The judge's CUDA cases (graded here, "not graded" on CPU machines): references pass,
+# stubs and wrong answers fail, for chapters and problems.
+python practice/judge.py check --jobs 8 2>&1 | tee "$out/judge_check.log" || status=1
+if [ "${1:-}" = "tests" ]; then
+    exit $status
+fi
 # The speed problem on this GPU: the reference answer and the starter (the engine's general
 # loaders) beside the judge's reference and one flat device copy.
 for f in solution starter; do

@@ -77,11 +77,11 @@ class GuardedLayerwiseReload(LayerwiseReload):
         self.rollback = rollback
         self.peak_rollback_bytes = 0
 
-    def _apply(self, key: str) -> None:
+    def _apply(self, key: str, tensors: list) -> None:
         if self.rollback is not None:
-            self.rollback.save(key, [name for name, _ in self.buffers[key]])
+            self.rollback.save(key, [name for name, _ in tensors])
             self.peak_rollback_bytes = self.rollback.nbytes
-        super()._apply(key)
+        super()._apply(key, tensors)
 
 
 __all__ = ["GuardedLayerwiseReload", "RollbackPoint", "layer_key"]
