@@ -7,6 +7,7 @@
     python practice/judge.py test inplace-requant           # grade your workspace copy
     python practice/judge.py bench fast-bucket-update       # a speed problem: your figure beside the reference's
     python practice/judge.py check                          # maintainers: references pass, starters and wrong answers fail
+    python practice/judge.py check ch01.block_hash inplace-requant   # the same for some exercises or problems only
     python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/{course_lib/,<slug>.py}
     python practice/judge.py release student/practice       # the student edition of practice/
 
@@ -118,19 +119,26 @@ def cmd_bench(args) -> int:
 
 
 def cmd_check(args) -> int:
+    wanted = set(args.names)  # problem slugs, chapter ids or exercise ids; none: everything
+    all_chapters = chapters.all_chapters()
+    known = {p.slug for p in problems.all_problems()} | {ch.id for ch in all_chapters} | {
+        ex.id for ch in all_chapters for ex in ch.exercises}
+    if wanted - known:
+        raise UsageError(f"no problem, chapter or exercise named {', '.join(sorted(wanted - known))}")
     todo = []  # (problem, file, should_pass)
     for p in problems.all_problems():
+        if wanted and p.slug not in wanted:
+            continue
         if not p.solution.is_file():
             raise UsageError(f"{p.slug} has no solution.py: check needs the instructor edition")
         todo += [(p, p.solution, True), (p, p.starter, False)] + [(p, w, False) for w in p.wrong_answers()]
-    all_chapters = chapters.all_chapters()
     if not todo and not all_chapters:
         raise UsageError(f"no problems in {_rel(problems.PROBLEMS)} and no chapters in {_rel(chapters.CHAPTERS)}")
     threads = max(1, (os.cpu_count() or 1) // args.jobs)  # the runs share the cores
     jobs = [(p.slug, path.relative_to(p.path).as_posix(), should_pass,
              lambda p=p, path=path: run(p, path, timeout=args.timeout, threads=threads))
             for p, path, should_pass in todo]
-    jobs += chapter_checks(all_chapters, REPO, timeout=args.timeout, threads=threads)
+    jobs += chapter_checks(all_chapters, REPO, timeout=args.timeout, threads=threads, wanted=wanted)
     rules = chapters.consistency(REPO, all_chapters) + [
         f"{ex.id} has no wrong variant (hidden/chapters/{ch.id}/wrong/{ex.name}.<variant>.py)"
         for ch in all_chapters for ex in ch.exercises if not ch.wrong_variants(ex)]
@@ -228,6 +236,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable results on stdout")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the benchmark is stopped")
     p = sub.add_parser("check", help="maintainers: references pass every case; starters, stubs and wrong answers fail one")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="only these problems, chapters (ch01) or exercises (ch01.block_hash); default: all")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="runs at once")
     p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/ (course_lib/, <slug>.py) into a gradebook")
     p.add_argument("submissions")

@@ -212,7 +212,8 @@ def measure(candidate, reference=None, device: str = "cpu", rounds: int | None =
     result["impossible"] = result["yours / one flat copy"] > 1.0
     if reference is not None:
         result["yours / reference"] = gbps["yours"] / gbps["reference"]
-        result["fast enough"] = result["yours / reference"] >= FRACTION and not result["impossible"]
+        if graded:  # a verdict only where speed is graded; elsewhere the figures alone
+            result["fast enough"] = result["yours / reference"] >= FRACTION and not result["impossible"]
     return result
 
 
