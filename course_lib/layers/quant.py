@@ -164,8 +164,32 @@ class QuantizedLinearMethod:
         layer.staging, layer.staged_shards = None, set()
 
     def _stage(self, layer, loader, param, loaded, shard_id=None):
-        """The shell's loaders: write this shard into the staging tensor through the
-        layer's own ``loader`` (same checks, same slicing and fusion as unquantized)."""
+        """The loaders of a quantized layer's ``weight`` shell: stage one checkpoint shard.
+
+        ``create_weights`` binds ``layer`` and ``loader`` (``functools.partial``), so the
+        model's load path calls this exactly as it calls an unquantized weight's loader.
+        ``param``: the shell ``layer.weight``, on the meta device (the checkpoint-format
+        shape and dtype after fusion and sharding, no memory; it may carry a
+        ``param_name``). ``loader``: the layer's own ``weight_loader`` (``loaded`` is the
+        full checkpoint tensor) or ``local_loader`` (``loaded`` is this rank's slice).
+        ``shard_id``: None for a plain layer, "q"/"k"/"v" or 0/1 for fused ones.
+
+        On the first shard since the last processing (``layer.staging`` is None), allocate
+        ``layer.staging``: an uninitialized tensor with the shell's shape and dtype, on
+        the device of the kernel tensors (``layer.qweight``), with an attribute
+        ``param_name`` copied from the shell ("weight" if it has none): the loaders name
+        it in their errors. Write ``loaded`` into it by calling ``loader`` with the staging
+        tensor as the parameter (and ``shard_id`` when it is not None): the layer's loader
+        checks the shape, cuts this rank's slice and puts the shard into its rows, the
+        same code as for an unquantized layer; never copy ``loaded`` yourself. Then add
+        ``shard_id`` to the set ``layer.staged_shards``: ``process_weights_after_loading``
+        requantizes a layer only once every id in ``layer.shard_ids`` is there.
+
+        Promises: later shards land in the same staging tensor beside the earlier ones; the
+        kernel tensors do not change. Errors: what the layer's loader raises (a ValueError
+        naming the parameter for a wrong shape) propagates, and that shard is not recorded.
+        """
+        # BEGIN EXERCISE ch03.stage_shard
         if layer.staging is None:
             layer.staging = torch.empty(param.shape, dtype=param.dtype, device=layer.qweight.device)
             layer.staging.param_name = getattr(param, "param_name", "weight")  # loaders name it in errors
@@ -174,6 +198,7 @@ class QuantizedLinearMethod:
         else:
             loader(layer.staging, loaded, shard_id)
         layer.staged_shards.add(shard_id)
+        # END EXERCISE
 
     def process_weights_after_loading(self, layer) -> None:
         """Turn ``layer``'s staged float weight into kernel format, in place.

@@ -1,6 +1,7 @@
 """Public tests for chapter 03's exercises (run them: python practice/judge.py test ch03).
 
 - ch03.quantize_int8: ``quantize_int8_per_channel`` in course_lib/layers/quant.py
+- ch03.stage_shard: ``QuantizedLinearMethod._stage`` in course_lib/layers/quant.py
 - ch03.quantize_fp8: ``quantize_fp8_block`` in course_lib/layers/quant.py
 - ch03.requantize_in_place: ``QuantizedLinearMethod.process_weights_after_loading`` in
   course_lib/layers/quant.py
@@ -13,13 +14,17 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.layers.quant import quantize_fp8_block, quantize_int8_per_channel, staged_bytes
+from course_lib.layers.quant import (process_weights_after_loading, quantize_fp8_block, quantize_int8_per_channel,
+                                     staged_bytes)
+from course_lib.models.loader import default_dtype
+from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights.checkpoint import CheckpointReader, make_random
+from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
 from course_lib.weights.layerwise import LayerwiseReload, layer_key
 from course_lib.weights.update import UpdateError
 
 INT8 = pytest.mark.exercise("ch03.quantize_int8")
+STAGE = pytest.mark.exercise("ch03.stage_shard")
 FP8 = pytest.mark.exercise("ch03.quantize_fp8")
 REQUANT = pytest.mark.exercise("ch03.requantize_in_place")
 LAYERWISE = pytest.mark.exercise("ch03.layerwise_buffer")
@@ -66,6 +71,60 @@ def test_quantize_int8_refuses_a_weight_that_is_not_2d_or_not_finite():
     w[1, 2] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         quantize_int8_per_channel(w)
+
+
+# ---- ch03.stage_shard ------------------------------------------------------------------------
+
+def _bf16_model(quantization, tp_rank=0, tp_size=1):
+    with default_dtype(torch.bfloat16):
+        return Qwen3ForCausalLM(preset("tiny"), tp_rank, tp_size, quantization)
+
+
+@STAGE
+def test_stage_shard_fused_shards_in_any_order_land_in_one_staging_tensor():
+    state = random_state_dict(preset("tiny"), 3)  # float32 checkpoint, bfloat16 model
+    layer = _bf16_model("int8").model.layers[0].self_attn.qkv_proj
+    shell = layer.weight
+    parts = {s: state[f"model.layers.0.self_attn.{s}_proj.weight"] for s in "qkv"}
+    shell.weight_loader(shell, parts["v"], "v")
+    staging = layer.staging
+    assert staging is not None, "the first shard must allocate layer.staging"
+    assert (staging.shape, staging.dtype, staging.device) == (shell.shape, shell.dtype, layer.qweight.device), \
+        (f"staging must have the shell's shape and dtype on the kernel tensors' device: expected "
+         f"{list(shell.shape)} {shell.dtype} {layer.qweight.device}, got {list(staging.shape)} {staging.dtype} {staging.device}")
+    assert getattr(staging, "param_name", None) == shell.param_name, \
+        f"staging must carry the shell's param_name ({shell.param_name!r}) for the loaders' messages"
+    assert layer.staged_shards == {"v"}, f"after v alone staged_shards must be {{'v'}}, got {layer.staged_shards}"
+    assert not layer.qweight.any(), "staging must not touch the kernel tensors"
+    shell.weight_loader(shell, parts["q"], "q")
+    shell.weight_loader(shell, parts["k"], "k")
+    assert layer.staging is staging, "later shards must land in the staging tensor the first one allocated"
+    assert layer.staged_shards == {"q", "k", "v"}, f"every shard must be recorded, got {layer.staged_shards}"
+    want = torch.cat([parts[s] for s in "qkv"]).to(torch.bfloat16)
+    assert torch.equal(staging, want), "staging must hold q, k and v stacked in their rows, in the model dtype"
+
+
+@STAGE
+def test_stage_shard_quantized_rank_equals_its_unquantized_weights_quantized():
+    state = random_state_dict(preset("tiny"), 4)
+    plain, quantized = _bf16_model(None, 1, 2), _bf16_model("int8", 1, 2)  # rank 1 of 2: its own slice
+    plain.load_weights(state.items())
+    quantized.load_weights(state.items())
+    assert process_weights_after_loading(quantized), "every layer received all its shards, so every one is requantized"
+    for name, module in quantized.named_modules():
+        if hasattr(module, "qweight"):
+            q, scale = quantize_int8_per_channel(plain.get_parameter(f"{name}.weight"))
+            assert torch.equal(module.qweight, q) and torch.equal(module.weight_scale, scale), \
+                f"{name}: the int8 weight must be what the same unquantized layer (same slice, same rows, same dtype) quantizes to"
+
+
+@STAGE
+def test_stage_shard_a_wrong_shape_is_refused_by_the_layer_loader_naming_the_parameter():
+    model = _bf16_model("int8")
+    layer = model.model.layers[1].mlp.down_proj
+    with pytest.raises(ValueError, match="down_proj"):
+        layer.weight.weight_loader(layer.weight, torch.ones(1, layer.in_features))  # would broadcast
+    assert not layer.staged_shards, "a refused shard must not be recorded"
 
 
 # ---- ch03.quantize_fp8 -----------------------------------------------------------------------

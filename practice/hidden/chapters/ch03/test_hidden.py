@@ -4,7 +4,9 @@ The quantizers are compared bitwise with oracles written here, tile by tile and 
 on random shapes (tile edges included), exact rounding ties, all-zero rows and tiles, empty
 weights and non-finite values. The requantization runs inside int8 and FP8 engines updated
 hot and compared with cold starts (``assert_hot_equals_cold``, the address audit, no float
-copy left behind). The layer-by-layer buffer is measured from here: which fed tensors are
+copy left behind). The staging loader is compared with an unquantized model of the same
+rank and dtype (a cold start cannot catch it: it stages the same way), shards arriving in
+random order through either loader. The layer-by-layer buffer is measured from here: which fed tensors are
 still alive (weak references), when each layer's weights change, and what is held when a
 layer is written. Every failure names the seed; nothing here times anything.
 """
@@ -17,8 +19,10 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.layers.quant import (FP8_MAX, pending_layers, quantize_fp8_block, quantize_int8_per_channel,
-                                     staged_bytes)
+from course_lib.layers.quant import (FP8_MAX, pending_layers, process_weights_after_loading, quantize_fp8_block,
+                                     quantize_int8_per_channel, staged_bytes)
+from course_lib.models.loader import default_dtype
+from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights import layerwise
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
@@ -26,6 +30,7 @@ from course_lib.weights.layerwise import LayerwiseReload, layer_key
 from course_lib.weights.update import UpdateError
 
 INT8 = pytest.mark.exercise("ch03.quantize_int8")
+STAGE = pytest.mark.exercise("ch03.stage_shard")
 FP8 = pytest.mark.exercise("ch03.quantize_fp8")
 REQUANT = pytest.mark.exercise("ch03.requantize_in_place")
 LAYERWISE = pytest.mark.exercise("ch03.layerwise_buffer")
@@ -127,6 +132,123 @@ def test_int8_empty_weight_and_bad_input(rng):
         with pytest.raises(ValueError):
             quantize_int8_per_channel(w)
         assert torch.equal(w.nan_to_num(), before.nan_to_num()), f"seed {SEED}: the input weight was changed"
+
+
+# ---- ch03.stage_shard -------------------------------------------------------------------------
+
+QUANTIZERS = {"int8": quantize_int8_per_channel, "fp8": quantize_fp8_block}
+
+
+def _quantized_layers(model):
+    return [(name, m) for name, m in model.named_modules() if hasattr(m, "qweight")]
+
+
+def _rank_setup(rng):
+    """A random config, tensor-parallel size and rank, model dtype and quantization."""
+    config = _config(rng)
+    sizes = [t for t in (1, 2, 4) if config.num_attention_heads % t == 0 and config.num_key_value_heads % t == 0]
+    tp_size = rng.choice(sizes)
+    return (config, tp_size, rng.randrange(tp_size), rng.choice([torch.float32, torch.bfloat16, torch.float16]),
+            rng.choice(["int8", "fp8"]))
+
+
+def _build(config, tp_rank, tp_size, dtype, quantization):
+    with default_dtype(dtype):
+        return Qwen3ForCausalLM(config, tp_rank, tp_size, quantization)
+
+
+@STAGE
+@pytest.mark.parametrize("path", ["weight_loader", "local_loader"])
+def test_stage_shard_random_ranks_dtypes_and_orders_equal_the_unquantized_weights_quantized(rng, path):
+    for case in range(2):
+        config, tp_size, tp_rank, dtype, quantization = _rank_setup(rng)
+        where = (f"seed {SEED}, case {case}: {quantization}, {dtype}, rank {tp_rank} of {tp_size}, "
+                 f"{config.num_attention_heads} q / {config.num_key_value_heads} kv heads, through {path}")
+        state = random_state_dict(config, rng.randrange(10_000))  # float32, like the checkpoints
+        plain = _build(config, tp_rank, tp_size, dtype, None)
+        plain.load_weights(state.items())
+        model = _build(config, tp_rank, tp_size, dtype, quantization)
+        names = list(state)
+        rng.shuffle(names)  # q after v, up before gate, layers interleaved
+        linear = {n for n in names if model.map_checkpoint_name(n) and
+                  hasattr(model.get_submodule(model.map_checkpoint_name(n)[0].rsplit(".", 1)[0]), "qweight")}
+        for name in names:
+            if path == "local_loader" and name in linear:  # this rank's slice, cut from the unquantized rank
+                target, shard = model.map_checkpoint_name(name)
+                module = model.get_submodule(target.rsplit(".", 1)[0])
+                start, rows = module.shard_rows(shard)
+                model.load_local_weights([(name, plain.get_parameter(target).detach()[start:start + rows].clone())])
+            else:
+                model.load_weights([(name, state[name])])
+        for lname, m in _quantized_layers(model):
+            assert m.staging is not None and m.staging.dtype == dtype and m.staging.shape == m.weight.shape, \
+                f"{where}: {lname} staging must be a {dtype} {list(m.weight.shape)} tensor, got " \
+                f"{None if m.staging is None else (m.staging.dtype, list(m.staging.shape))}"
+            assert m.staged_shards == set(m.shard_ids), \
+                f"{where}: {lname} received shards {sorted(map(str, m.shard_ids))}, recorded {sorted(map(str, m.staged_shards))}"
+            assert not m.qweight.float().any(), f"{where}: {lname}: staging changed a kernel tensor before processing"
+        process_weights_after_loading(model)
+        for lname, m in _quantized_layers(model):
+            q, scale = QUANTIZERS[quantization](plain.get_parameter(f"{lname}.weight").detach())
+            for msg in (_first_difference(m.qweight, q, f"{where}, {lname} qweight against the unquantized rank's weight quantized"),
+                        _first_difference(m.weight_scale, scale, f"{where}, {lname} scales")):
+                assert msg is None, msg
+        assert staged_bytes(model) == 0, f"{where}: staging left after processing"
+
+
+@STAGE
+def test_stage_shard_a_refused_shard_leaves_the_staged_rows_and_records_as_they_were(rng):
+    config, tp_size, tp_rank, dtype, quantization = _rank_setup(rng)
+    where = f"seed {SEED}: {quantization}, {dtype}, rank {tp_rank} of {tp_size}"
+    state = random_state_dict(config, rng.randrange(10_000))
+    model = _build(config, tp_rank, tp_size, dtype, quantization)
+    i = rng.randrange(config.num_hidden_layers)
+    qkv = model.model.layers[i].self_attn.qkv_proj
+    first, bad = rng.sample(["q", "k", "v"], 2)
+    shell = qkv.weight
+    shell.weight_loader(shell, state[f"model.layers.{i}.self_attn.{first}_proj.weight"], first)
+    kept = qkv.staging.clone()
+    good = state[f"model.layers.{i}.self_attn.{bad}_proj.weight"]
+    for wrong in (good[:1], good[:, :-1], good.reshape(-1)):  # one broadcasts; one has the right count
+        with pytest.raises(ValueError, match="qkv_proj"):
+            shell.weight_loader(shell, wrong, bad)
+    assert qkv.staged_shards == {first}, f"{where}: refused {bad!r} shards were recorded: {qkv.staged_shards}"
+    start, rows = qkv.shard_rows(first)
+    assert torch.equal(qkv.staging[start:start + rows], kept[start:start + rows]), \
+        f"{where}: a refused shard changed the rows {first!r} had staged"
+    with pytest.raises(ValueError):
+        process_weights_after_loading(model)  # incomplete: refused, staging dropped
+    assert staged_bytes(model) == 0 and not pending_layers(model), f"{where}: staging kept after a refused processing"
+
+
+@STAGE
+def test_stage_shard_engine_updates_requantize_what_an_unquantized_engine_holds(rng, tmp_path):
+    config = _config(rng)
+    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng)) for k in range(2)]
+    quantization = rng.choice(["int8", "fp8"])
+    engine = Engine(paths[0], quantization=quantization)
+    plain = Engine(paths[1])
+    engine.update_weights_from_disk(paths[1], staging=rng.choice(["layer", "full"]))
+    for lname, m in _quantized_layers(engine.model):
+        q, scale = QUANTIZERS[quantization](plain.model.get_parameter(f"{lname}.weight").detach())
+        for msg in (_first_difference(m.qweight, q, f"seed {SEED}, {quantization}: {lname} qweight after an update"),
+                    _first_difference(m.weight_scale, scale, f"seed {SEED}, {quantization}: {lname} scales")):
+            assert msg is None, msg
+
+
+@STAGE
+@pytest.mark.cuda
+def test_stage_shard_cuda_staging_lives_beside_the_kernel_tensors(rng):
+    config = _config(rng)
+    state = random_state_dict(config, rng.randrange(10_000))
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        model = Qwen3ForCausalLM(config, 0, 1, rng.choice(["int8", "fp8"]))
+    layer = model.model.layers[0].mlp.gate_up_proj
+    layer.weight.weight_loader(layer.weight, state["model.layers.0.mlp.up_proj.weight"], 1)  # a host tensor
+    assert layer.staging.device == layer.qweight.device, \
+        f"seed {SEED}: staging on {layer.staging.device}, the kernel tensors on {layer.qweight.device}"
+    assert layer.staging.dtype == torch.bfloat16 and layer.staged_shards == {1}, \
+        f"seed {SEED}: staging {layer.staging.dtype}, shards {layer.staged_shards}"
 
 
 # ---- ch03.quantize_fp8 ------------------------------------------------------------------------
