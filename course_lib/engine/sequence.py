@@ -126,8 +126,8 @@ class Sequence:
         ``self.next_logprob`` to ``None``, so that the two lists stay as long as the
         output. Without it, ``self.output_logprobs`` stays empty.
         """
+        self.token_ids.append(token_id)  # first, so an unwritten tag (student edition) never loses a token
         # BEGIN EXERCISE ch02.version_tags
-        self.token_ids.append(token_id)
         self.token_versions.append(version)
         if self.return_logprob:
             self.output_logprobs.append(self.next_logprob)

@@ -1,3 +1,2 @@
 # Tags the token but forgets the logprob the sampler left for it.
-self.token_ids.append(token_id)
 self.token_versions.append(version)
