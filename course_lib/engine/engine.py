@@ -154,11 +154,15 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
     def step(self) -> list[dict]:
         """One engine step; returns the outputs of requests that finished in it (and of
         requests aborted since the last step). While paused, only ``wait`` mode runs."""
-        outputs, self._pending = self._pending, []
+        # Emptied in place, not replaced: a caller that writes ``self._pending += self.step()``
+        # (wait mode's drain) then keeps each output once, instead of adding the old list's
+        # outputs to themselves at every step.
+        outputs = list(self._pending)
+        self._pending.clear()
         try:
             return outputs + self._step()
         except BaseException:
-            self._pending = outputs + self._pending  # a failed step loses no finished output
+            self._pending[:0] = outputs  # a failed step loses no finished output
             raise
 
     def _step(self) -> list[dict]:

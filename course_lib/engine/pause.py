@@ -183,13 +183,32 @@ class Pausing:
         return record
 
     def _drain(self, timeout_s: float, record: dict) -> None:
-        """``wait`` mode: run the in-flight requests to completion before the update."""
+        """``wait`` mode, before an update: run the in-flight requests to completion on the
+        old weights. ``timeout_s`` is how long the drain may take in seconds; ``record`` is
+        this pause's cost record (``new_pause_record``).
+
+        While some request is running or queued (``self.scheduler.running`` /
+        ``.waiting``), run one engine step (``self.step()``, which works while paused in
+        ``wait`` mode). Before each step, if more than ``timeout_s`` seconds have passed
+        since the drain began (``time.perf_counter()``), raise ``TimeoutError`` with a
+        message that says the weights were not changed; the update then stops before it
+        writes anything, and the requests still in flight stay where they are.
+
+        ``self.step()`` returns the outputs of the requests that finished in it (and
+        clears ``self._pending``, the outputs waiting for the next step): append every
+        one of them to ``self._pending``, so that the caller's next ``step()`` returns
+        each exactly once. Either way, done or timed out, add the seconds the drain took
+        to ``record["wait_s"]``. Nothing in flight: returns at once (adding ~0 s).
+        """
+        # BEGIN EXERCISE ch02.wait_drain
         t0 = time.perf_counter()
-        while self.scheduler.running or self.scheduler.waiting:
-            if time.perf_counter() - t0 > timeout_s:
-                record["wait_s"] += time.perf_counter() - t0
-                raise TimeoutError(f"in-flight requests did not finish within {timeout_s} s; "
-                                   f"the weights were not changed")
-            finished = self.step()  # returns (and clears) what was pending, plus new outputs
-            self._pending += finished
-        record["wait_s"] += time.perf_counter() - t0
+        try:
+            while self.scheduler.running or self.scheduler.waiting:
+                if time.perf_counter() - t0 > timeout_s:
+                    raise TimeoutError(f"in-flight requests did not finish within {timeout_s} s; "
+                                       f"the weights were not changed")
+                finished = self.step()  # returns (and clears) what was pending, plus new outputs
+                self._pending += finished
+        finally:
+            record["wait_s"] += time.perf_counter() - t0
+        # END EXERCISE

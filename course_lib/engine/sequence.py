@@ -115,11 +115,24 @@ class Sequence:
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
     def append_token(self, token_id: int, version: str) -> None:
-        self.token_ids.append(token_id)
+        """Record one generated token: ``token_id`` goes at the end of ``self.token_ids``,
+        and ``version`` (the weight version live in the step that sampled it, which
+        ``Scheduler.postprocess`` passes) at the end of ``self.token_versions``: one tag
+        per output token, in order, each token's own version (an update between two
+        steps changes the tag of every later token, never of an earlier one).
+
+        With ``self.return_logprob``: also append ``self.next_logprob`` (the token's
+        logprob, which the sampler left there) to ``self.output_logprobs`` and reset
+        ``self.next_logprob`` to ``None``, so that the two lists stay as long as the
+        output. Without it, ``self.output_logprobs`` stays empty.
+        """
+        self.token_ids.append(token_id)  # first, so an unwritten tag (student edition) never loses a token
+        # BEGIN EXERCISE ch02.version_tags
         self.token_versions.append(version)
         if self.return_logprob:
             self.output_logprobs.append(self.next_logprob)
             self.next_logprob = None
+        # END EXERCISE
 
     @property
     def is_finished(self) -> bool:

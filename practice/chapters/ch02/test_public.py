@@ -3,10 +3,14 @@
 - ch02.retract: ``Scheduler.preempt`` in course_lib/engine/scheduler.py;
 - ch02.pause_modes: ``Pausing._handle_in_flight`` in course_lib/engine/pause.py;
 - ch02.version_spans: ``Sequence.version_spans`` in course_lib/engine/sequence.py;
-- ch02.flush_rules: ``Pausing.flush_cache`` in course_lib/engine/pause.py.
+- ch02.flush_rules: ``Pausing.flush_cache`` in course_lib/engine/pause.py;
+- ch02.version_tags: ``Sequence.append_token`` in course_lib/engine/sequence.py;
+- ch02.wait_drain: ``Pausing._drain`` in course_lib/engine/pause.py.
 
 Each case runs the real engine on a tiny random checkpoint and says what it expected in words.
 """
+import time
+
 import pytest
 import torch
 
@@ -220,3 +224,86 @@ def test_flush_rules_while_paused(ckpts, mode, allowed):
     engine.pause_generation(mode)
     assert engine.flush_cache() is allowed, (
         f"paused in {mode}: the flush is {'allowed' if allowed else 'refused (those requests still run)'}")
+
+
+# ---- ch02.version_tags ----------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.version_tags")
+def test_version_tags_one_per_token_in_order():
+    seq = Sequence([1, 2], SamplingParams(), block_size=4)
+    for token, version in [(7, "a"), (8, "a"), (9, "b")]:
+        seq.append_token(token, version)
+    assert seq.token_ids == [1, 2, 7, 8, 9], "each token goes at the end of token_ids"
+    assert seq.token_versions == ["a", "a", "b"], "each token is tagged with the version that made it"
+    assert seq.output_logprobs == [], "without return_logprob no logprob is kept"
+
+
+@pytest.mark.exercise("ch02.version_tags")
+def test_version_tags_keep_the_logprob():
+    seq = Sequence([1, 2], SamplingParams(), block_size=4, return_logprob=True)
+    for token, lp in [(7, -0.5), (8, -1.25)]:
+        seq.next_logprob = lp
+        seq.append_token(token, "v")
+        assert seq.next_logprob is None, "the logprob the sampler left is taken (next_logprob back to None)"
+    assert seq.output_logprobs == [-0.5, -1.25], "one logprob per output token, in order"
+
+
+@pytest.mark.exercise("ch02.version_tags")
+def test_version_tags_in_the_engine_across_an_update(ckpts):
+    v1, v2 = ckpts
+    engine, rids = mid_flight(v1, steps=5)
+    seqs = {r: engine.requests[r] for r in rids}
+    done = {r: s.num_completion_tokens for r, s in seqs.items()}
+    engine.pause_generation("keep")
+    engine.update_weights_from_disk(v2, weight_version="v2")
+    engine.continue_generation()
+    drain(engine)
+    for rid, seq in seqs.items():
+        assert seq.token_versions == ["default"] * done[rid] + ["v2"] * (12 - done[rid]), \
+            "tokens made before the update are tagged 'default', every token after it 'v2'"
+
+
+# ---- ch02.wait_drain ------------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.wait_drain")
+def test_wait_drain_finishes_on_the_old_weights_and_returns_each_output_once(ckpts):
+    v1, v2 = ckpts
+    engine, rids = mid_flight(v1, lengths=(6, 10, 14))
+    engine.pause_generation("wait")
+    engine.update_weights_from_disk(v2, weight_version="v2")
+    assert not engine.scheduler.running and not engine.scheduler.waiting, "the drain ran every request to its end"
+    engine.continue_generation()
+    outs = engine.step()
+    assert sorted(o["rid"] for o in outs) == sorted(rids), \
+        "the next step returns each request that finished during the drain, exactly once"
+    assert engine.step() == [], "and the step after returns none of them again"
+    for out in outs:
+        assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["default"], \
+            "wait: every token comes from the old weights"
+
+
+@pytest.mark.exercise("ch02.wait_drain")
+def test_wait_drain_records_the_wait(ckpts):
+    v1, v2 = ckpts
+    engine, _ = mid_flight(v1)
+    engine.pause_generation("wait")
+    t0 = time.perf_counter()
+    engine.update_weights_from_disk(v2, weight_version="v2")
+    elapsed = time.perf_counter() - t0
+    wait_s = engine.pause_stats[-1]["wait_s"]
+    assert 0 < wait_s <= elapsed, f"record['wait_s'] holds the drain's seconds (got {wait_s}, the update took {elapsed})"
+
+
+@pytest.mark.exercise("ch02.wait_drain")
+def test_wait_drain_times_out_without_changing_the_weights(ckpts):
+    v1, v2 = ckpts
+    engine = Engine(v1, block_size=4)
+    rid = engine.add_request(input_ids=PROMPTS[0], sampling_params=greedy(400))
+    engine.step()
+    engine.pause_generation("wait")
+    with pytest.raises(TimeoutError, match="not changed"):
+        engine.update_weights_from_disk(v2, weight_version="v2", wait_timeout_s=1e-6)
+    assert engine.weight_version == "default" and engine.weight_update_count == 0, \
+        "a drain that timed out leaves the weights as they were"
+    assert rid in engine.requests and engine.has_unfinished_requests(), "the long request is still in flight"
+    assert engine.pause_stats[-1]["wait_s"] > 0, "the time waited is recorded even when the drain gives up"

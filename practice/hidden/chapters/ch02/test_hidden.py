@@ -1,5 +1,5 @@
-"""Hidden tests for chapter 02: the learner's pause modes, retract, version spans and flush
-rules inside the real engine, on fresh random loads each run (the seed is printed on failure).
+"""Hidden tests for chapter 02: the learner's pause modes, retract, version spans and tags,
+flush rules, the wait-mode drain inside the real engine, on fresh random loads each run (the seed is printed on failure).
 
 Every figure a test grades is measured here, from the test's own view of the engine's
 requests (tokens before the pause, outputs returned, blocks held), never taken from a
@@ -7,8 +7,10 @@ counter the learner's code writes, except where that counter is the exercise its
 (the pause record), and then it is compared with what the test measured.
 """
 import itertools
+import math
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -419,3 +421,137 @@ def test_flush_on_an_empty_paused_engine(ckpts):
     e = Engine(ckpts[0], block_size=4)
     e.pause_generation("wait")
     assert e.flush_cache() is True, where("paused in wait with nothing in flight: nothing is served, the flush is allowed")
+
+
+# ---- ch02.version_tags ----------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.version_tags")
+def test_tags_and_logprobs_of_random_appends(rng):
+    from course_lib.engine.sequence import SamplingParams, Sequence
+    for trial in range(100):
+        with_lp = rng.random() < 0.5
+        prompt = [rng.randrange(256) for _ in range(rng.randint(1, 6))]
+        seq = Sequence(prompt, SamplingParams(), block_size=4, return_logprob=with_lp)
+        tokens, versions, lps = [], [], []
+        for _ in range(rng.randint(0, 12)):
+            tok, ver, lp = rng.randrange(256), rng.choice(["default", "v2", "v3"]), -rng.random() * 5
+            seq.next_logprob = lp
+            seq.append_token(tok, ver)
+            tokens.append(tok), versions.append(ver), lps.append(lp)
+        assert seq.token_ids == prompt + tokens, where("every token goes at the end of token_ids, in order")
+        assert seq.token_versions == versions, where(f"each token keeps its own version: expected {versions}, "
+                                                     f"got {seq.token_versions}")
+        assert seq.output_logprobs == (lps if with_lp else []), where(
+            "with return_logprob each token keeps the logprob the sampler left for it; without, none")
+        if with_lp and tokens:
+            assert seq.next_logprob is None, where("the logprob is taken: next_logprob goes back to None")
+
+
+@pytest.mark.exercise("ch02.version_tags")
+def test_tags_across_two_updates_with_logprobs(ckpts, rng):
+    v1, v2, v3 = ckpts
+    e = Engine(v1, block_size=rng.choice([4, 8]))
+    n = rng.randint(14, 24)
+    prompts = [[rng.randrange(256) for _ in range(rng.randint(3, 12))] for _ in range(3)]
+    flags = [True, False, rng.random() < 0.5]
+    rids = [e.add_request(input_ids=p, sampling_params={"max_new_tokens": n, "temperature": 0.8,
+                                                        "seed": rng.randrange(1000), "ignore_eos": True},
+                          return_logprob=f) for p, f in zip(prompts, flags)]
+    seqs = {r: e.requests[r] for r in rids}
+    outs, cuts = {}, []
+    for path, version in ((v2, "v2"), (v3, "v3")):
+        for _ in range(rng.randint(2, 5)):
+            outs.update({o["rid"]: o for o in e.step()})
+        cuts.append(seqs[rids[0]].num_completion_tokens)
+        e.pause_generation("keep")
+        e.update_weights_from_disk(path, weight_version=version)
+        e.continue_generation()
+    for _ in range(MAX_STEPS):
+        if not e.has_unfinished_requests():
+            break
+        outs.update({o["rid"]: o for o in e.step()})
+    a, b = cuts
+    want = ["default"] * a + ["v2"] * (b - a) + ["v3"] * (n - b)
+    for rid, flag in zip(rids, flags):
+        assert seqs[rid].token_versions == want, where(f"two updates in keep mode after {a} and {b} tokens: "
+                                                       f"each token tagged with the version live when it was made")
+        if flag:
+            triples = outs[rid]["meta_info"]["output_token_logprobs"]
+            assert [t for _, t, _ in triples] == outs[rid]["output_ids"], \
+                where("return_logprob: one logprob per output token")
+            assert all(math.isfinite(lp) and lp <= 0 for lp, _, _ in triples), \
+                where("each logprob is the sampler's, a finite number <= 0")
+        else:
+            assert "output_token_logprobs" not in outs[rid]["meta_info"] and seqs[rid].output_logprobs == [], \
+                where("no return_logprob: no logprob is kept")
+
+
+# ---- ch02.wait_drain ------------------------------------------------------------------
+
+@pytest.mark.exercise("ch02.wait_drain")
+def test_drain_returns_every_output_once_on_the_old_weights(ckpts, rng):
+    v1, v2, _ = ckpts
+    load = Load(rng, v1)
+    e = load.engine
+    running, queued, _ = load.in_flight()
+    e.pause_generation("wait")
+    t0 = time.perf_counter()
+    e.update_weights_from_disk(v2, weight_version="v2")
+    elapsed = time.perf_counter() - t0
+    assert not e.scheduler.running and not e.scheduler.waiting, where("the drain ran every request to its end")
+    wait_s = e.pause_stats[-1]["wait_s"]
+    assert 0 < wait_s <= elapsed, where(f"record['wait_s'] holds the drain's seconds: got {wait_s}, "
+                                        f"the whole update took {elapsed}")
+    e.continue_generation()
+    load.drain()
+    load.collect(e.step())  # collect() fails on an output returned twice
+    assert set(load.outputs) == set(load.rids), where(
+        f"every request returns its output: missing {sorted(set(load.rids) - set(load.outputs))}")
+    for rid in running + queued:
+        i = load.index[rid]
+        out = load.outputs[rid]
+        assert len(out["output_ids"]) == load.lengths[i], where("a drained request is complete")
+        assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["default"], \
+            where("wait: every token of a request in flight comes from the old weights")
+    assert_hot_equals_cold(e, v2, ["after the drain"], max_new_tokens=3)
+
+
+@pytest.mark.exercise("ch02.wait_drain")
+def test_drain_times_out_then_a_later_update_finishes_it(ckpts, rng):
+    v1, v2, _ = ckpts
+    load = Load(rng, v1)
+    e = load.engine
+    long_prompt = [rng.randrange(256) for _ in range(rng.randint(3, 10))]
+    load.rids.append(e.add_request(input_ids=long_prompt, sampling_params=greedy(rng.randint(150, 250))))
+    load.prompts.append(long_prompt)
+    load.index[load.rids[-1]] = len(load.rids) - 1
+    e.pause_generation("wait")
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError) as info:
+        e.update_weights_from_disk(v2, weight_version="v2", wait_timeout_s=rng.choice([0.0, 1e-6, 1e-4]))
+    elapsed = time.perf_counter() - t0
+    assert "not changed" in str(info.value), where("the timeout says the weights were not changed")
+    assert e.weight_version == "default" and e.weight_update_count == 0, where("a timed-out drain changes no weights")
+    assert load.rids[-1] in e.requests, where("the long request is still in flight after the timeout")
+    wait_s = e.pause_stats[-1]["wait_s"]
+    assert 0 < wait_s <= elapsed, where(f"the time waited is recorded when the drain gives up too: got {wait_s}")
+    e.update_weights_from_disk(v2, weight_version="v2")
+    assert e.pause_stats[-1]["wait_s"] > wait_s, where("the second drain adds its own wait to the record")
+    e.continue_generation()
+    load.drain()
+    load.collect(e.step())
+    assert set(load.outputs) == set(load.rids), where(
+        "outputs of requests that finished in either drain come back, each once: missing "
+        f"{sorted(set(load.rids) - set(load.outputs))}")
+    assert [s["version"] for s in load.outputs[load.rids[-1]]["meta_info"]["weight_versions"]] == ["default"], \
+        where("the long request finished on the old weights")
+
+
+@pytest.mark.exercise("ch02.wait_drain")
+def test_drain_with_nothing_in_flight(ckpts):
+    v1, v2, _ = ckpts
+    e = Engine(v1, block_size=4)
+    e.pause_generation("wait")
+    e.update_weights_from_disk(v2, weight_version="v2", wait_timeout_s=0.0)
+    assert e.weight_version == "v2", where("nothing in flight: the drain returns at once, even with no time allowed")
+    assert e.step() == [], where("an empty drain leaves no output behind")
