@@ -68,6 +68,9 @@ def jupyterlab(tmp_path):
         (settings / Path(name).parent).mkdir(parents=True, exist_ok=True)
         (settings / name).write_text(json.dumps(value))
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "COURSE_HIDDEN_DIR")}
+    # The copy sits outside the repository: its graded cells are told where the judge and the
+    # course_lib they grade are (as the environment variables of judging/notebook.py allow).
+    env.update(COURSE_PRACTICE_DIR=str(REPO / "practice"), COURSE_SUBMISSION_ROOT=str(REPO))
     env.update(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
                MPLCONFIGDIR=str(tmp_path / "mpl"))

@@ -4,12 +4,12 @@
 judge's release of practice/, the library) and records the assignment in a throwaway
 gradebook. Three submissions are autograded, each handed in as nbgrader's
 ``submitted/<student>/notebooks/`` beside the learner's ``submitted/<student>/course_lib/``:
-the source notebook with the instructor's course_lib (full marks), the untouched student
-notebook with the student edition's stubbed course_lib (zero on every graded cell, and no
-other cell fails), and answers that pass the visible checks but not the hidden ones.
-Feedback is generated and must show no hidden test's source. The hidden checks
-themselves must pass the reference answers and catch plausible wrong ones. The graded
-cell of region ch01.block_hash grades the submission's own course_lib through the judge.
+the instructor's notebook and course_lib (full marks), the untouched student notebook with
+the student edition's stubbed course_lib (zero on every graded cell), and a learner whose
+answers pass every visible check but not the hidden ones (an engine part that copies where
+it should view, and a warm-up answer that forgets the block size). Feedback is generated
+and must show no hidden test's source. Each region's graded cell grades the submission's
+own course_lib through the judge.
 """
 from __future__ import annotations
 
@@ -62,9 +62,8 @@ def with_answers(notebook: Path, answers: dict[str, str]) -> dict:
 
 
 # Plausible answers that pass every visible check: the prediction forgets block_size
-# (every visible example uses blocks of 4).
+# (every visible example uses blocks of 4) ...
 PARTLY_WRONG = {
-    "block_hash": "def block_hash(prev_hash, token_ids):\n    return hash((prev_hash, tuple(token_ids)))\n",
     "predict_cached_tokens": (
         "def predict_cached_tokens(prompt, earlier_prompts, block_size):\n"
         "    best = 0\n"
@@ -75,6 +74,20 @@ PARTLY_WRONG = {
         "        best = max(best, n)\n"
         "    return 4 * min(best // 4, (len(prompt) - 1) // 4)\n"),
 }
+# ... and a rank's slice that is right in every value but a copy, not a view (the public
+# tests see the values; a hidden test sees the memory).
+WRONG_REGION = ("ch01.tp_slice", REPO / "practice" / "hidden" / "chapters" / "ch01" / "wrong" / "tp_slice.copy.py")
+
+
+def course_lib_with(dest: Path, exercise_id: str, body: str) -> None:
+    """A copy of the instructor's course_lib at ``dest`` with region ``exercise_id``'s body replaced."""
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import regions
+
+    shutil.copytree(REPO / "course_lib", dest, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (region,) = [r for r in regions.find(REPO) if r.id == exercise_id]
+    target = dest / region.path.relative_to(REPO / "course_lib")
+    target.write_text(regions.replace_bodies(target.read_text(), {exercise_id: body}, target))
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +107,15 @@ def course(tmp_path_factory):
         "untouched": json.loads(student.read_text()),
         "partly_wrong": with_answers(student, PARTLY_WRONG),
     }
-    libraries = {"reference": REPO / "course_lib", "untouched": edition / "course_lib",
-                 "partly_wrong": edition / "course_lib"}
+    libraries = {"reference": REPO / "course_lib", "untouched": edition / "course_lib"}
     for name, nb in submissions.items():
         folder = root / "submitted" / name / release.ASSIGNMENT
         folder.mkdir(parents=True)
         (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(nb))
-        shutil.copytree(libraries[name], root / "submitted" / name / "course_lib",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        if name in libraries:
+            shutil.copytree(libraries[name], root / "submitted" / name / "course_lib",
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    course_lib_with(root / "submitted" / "partly_wrong" / "course_lib", WRONG_REGION[0], WRONG_REGION[1].read_text())
 
     api = release.nbgrader_api(release.course_config(root, edition))
     # This course folder is outside the repository, so the graded cells are told where the judge is.
@@ -145,30 +159,42 @@ def graded_output(course, student, grade_id):
 def test_region_cell_grades_the_submissions_own_course_lib(course):
     """ch01.block_hash: full marks with the instructor's course_lib (hidden tests ran), zero with the
     student edition's stub, whose message the learner sees."""
-    assert grades(course, "reference")["test_ch01_block_hash"] == (2, 2)
-    assert grades(course, "untouched")["test_ch01_block_hash"] == (0, 2)
-    ref = graded_output(course, "reference", "test_ch01_block_hash")
+    assert grades(course, "reference")["test_block_hash"] == (2, 2)
+    assert grades(course, "untouched")["test_block_hash"] == (0, 2)
+    ref = graded_output(course, "reference", "test_block_hash")
     assert str(course.root / "submitted" / "reference") in ref and "hidden tests too" in ref
     assert "every case ran and passed" in ref
-    stub = graded_output(course, "untouched", "test_ch01_block_hash")
+    stub = graded_output(course, "untouched", "test_block_hash")
     assert str(course.root / "submitted" / "untouched") in stub
     assert "ch01.block_hash: write this part (chapter 01" in stub and "AssertionError" in stub
 
 
-def test_untouched_student_notebook_gets_zero_and_only_exercises_fail(course):
+def test_untouched_student_notebook_gets_zero_and_fails_only_at_stubs(course):
     got = grades(course, "untouched")
-    assert got and all(score == 0 for score, _ in got.values()), got
-    failed = {c["metadata"].get("nbgrader", {}).get("grade_id") for c in autograded_cells(course, "untouched")
-              if any(o["output_type"] == "error" for o in c.get("outputs", []))}
-    assert failed == set(got), f"cells that failed: {failed}; graded cells: {set(got)}"
+    assert len(got) >= 5 and all(score == 0 for score, _ in got.values()), got
+    cells = autograded_cells(course, "untouched")
+    graded = {c["metadata"].get("nbgrader", {}).get("grade_id") for c in cells
+              if c["metadata"].get("nbgrader", {}).get("grade")}
+    errors = {c["metadata"].get("nbgrader", {}).get("grade_id"): o for c in cells
+              for o in c.get("outputs", []) if o["output_type"] == "error"}
+    assert graded <= set(errors), f"graded cells that did not fail: {graded - set(errors)}"
+    # Before the learner writes a part, the engine stops at its stub: any other cell that
+    # fails names one of the chapter's exercises (or the notebook's own unwritten answer).
+    for grade_id, o in errors.items():
+        if grade_id not in graded:
+            assert o["ename"] == "NotImplementedError", (grade_id, o["ename"], o["evalue"][:300])
 
 
 def test_hidden_tests_catch_what_the_visible_checks_miss(course):
     got = grades(course, "partly_wrong")
-    assert got["test_block_hash"] == (2, 2) and got["test_predict_cached_tokens"] == (0, 2), got
-    cell = next(c for c in autograded_cells(course, "partly_wrong")
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_predict_cached_tokens")
-    text = json.dumps(cell["outputs"])
+    assert got["test_tp_slice"] == (0, 1) and got["test_predict_cached_tokens"] == (0, 1), got
+    assert all(score == top for gid, (score, top) in got.items()
+               if gid not in ("test_tp_slice", "test_predict_cached_tokens")), got
+    text = graded_output(course, "partly_wrong", "test_tp_slice")
+    public = [line for line in text.split("\\n") if "test_public.py::" in line]
+    assert public and all(line.endswith("... pass") for line in public), text  # every visible check passed
+    assert "test_hidden.py::" in text and "FAIL: " in text
+    text = graded_output(course, "partly_wrong", "test_predict_cached_tokens")
     assert "visible checks passed" in text and "AssertionError" in text and "block size 8" in text
 
 
@@ -198,7 +224,7 @@ def test_leak_check_can_fail(course, tmp_path):
     shutil.copy(REPO / "notebooks" / f"{CHAPTER}.ipynb", fake / "notebooks")  # the instructor's copy
     shutil.copytree(HIDDEN / "chapters", fake / "extra", ignore=shutil.ignore_patterns("__pycache__"))
     found = "\n".join(release.leaks(fake))
-    assert "BEGIN SOLUTION" in found and "return hash((prev_hash, tuple(token_ids)))" in found
+    assert "BEGIN SOLUTION" in found and "return block_size * min(longest // block_size" in found
     assert "extra/ch01_the_engine.py: contains a line" in found
 
 
@@ -218,15 +244,12 @@ def test_hidden_checks_pass_the_reference_and_catch_wrong_answers():
         for name in [m for m in sys.modules if m == "chapters" or m.startswith("chapters.")]:
             del sys.modules[name]
     ns: dict = {}
-    exec(PARTLY_WRONG["block_hash"] + PARTLY_WRONG["predict_cached_tokens"], ns)
-    exec("def no_chain(prev_hash, token_ids):\n    return hash(tuple(token_ids))\n", ns)
+    exec(PARTLY_WRONG["predict_cached_tokens"], ns)
     reference = {}
     for cell in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]:
         if cell["metadata"].get("nbgrader", {}).get("solution"):
             exec("".join(cell["source"]), reference)
-    assert hidden.check_block_hash(reference["block_hash"]) == []
     assert hidden.check_predict_cached_tokens(reference["predict_cached_tokens"]) == []
-    assert hidden.check_block_hash(ns["no_chain"]), "a hash that ignores the prefix must fail"
     assert hidden.check_predict_cached_tokens(ns["predict_cached_tokens"]), "ignoring block_size must fail"
     latest_only = lambda prompt, earlier, bs: reference["predict_cached_tokens"](prompt, earlier[-1:], bs)  # noqa: E731
     assert hidden.check_predict_cached_tokens(latest_only), "comparing with the latest prompt only must fail"
@@ -238,14 +261,15 @@ def test_hidden_cells_find_their_tests_through_course_hidden_dir(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("")
     (stub / "ch01_the_engine.py").write_text(
-        "def check_block_hash(fn):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + fn.__name__]\n")
+        "def check_predict_cached_tokens(fn):\n    return ['stub from COURSE_HIDDEN_DIR called with ' + fn.__name__]\n")
     cell = next("".join(c["source"]) for c in json.loads((REPO / "notebooks" / f"{CHAPTER}.ipynb").read_text())["cells"]
-                if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_block_hash")
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == "test_predict_cached_tokens")
     hidden_part = cell[cell.index("### BEGIN HIDDEN TESTS"):]
-    program = "def block_hash(prev_hash, token_ids):\n    return 0\n" + hidden_part
+    program = "def predict_cached_tokens(prompt, earlier, block_size):\n    return 0\n" + hidden_part
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COURSE_HIDDEN_DIR": str(tmp_path / "hidden")}, cwd=tmp_path)
-    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with block_hash" in run.stderr, run.stderr
+    assert run.returncode != 0 and "stub from COURSE_HIDDEN_DIR called with predict_cached_tokens" in run.stderr, \
+        run.stderr
 
 
 def test_check_scores_zero_when_gpu_cases_did_not_run(tmp_path, monkeypatch, capsys):

@@ -23,6 +23,43 @@ LIMIT_S = 180
 HIDDEN_CALL = re.compile(r"from chapters\.(\w+) import (check_\w+)")
 
 
+def region_lines() -> dict[str, str]:
+    """{line: exercise id} for every code line of an exercise region in course_lib that is
+    long enough to identify an answer (as the release's leak check counts them)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import regions
+
+    return {line.strip(): r.id for r in regions.find(REPO) for line in r.code_lines() if len(line.strip()) >= 24}
+
+
+def functions_with_regions() -> dict[str, str]:
+    """{function name: exercise id} for each function whose body holds an exercise region."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "practice"))
+    from judging import regions
+
+    found = {}
+    for r in regions.find(REPO):
+        above = r.path.read_text().splitlines()[:r.begin]
+        name = next(m.group(1) for line in reversed(above) if (m := re.match(r"\s*def (\w+)\(", line)))
+        found[name] = r.id
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_never_shows_the_source_of_a_learners_part(path):
+    """getsource / ?? / %psource of a function that holds a region would print its answer."""
+    code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    shown = re.findall(r"getsource\(([\w.]+)\)|%psource\s+([\w.]+)|([\w.]+)\?\?", code)
+    names = {next(n for n in groups if n).rsplit(".", 1)[-1] for groups in shown}
+    parts = functions_with_regions()
+    assert len(parts) >= 12
+    assert not names & set(parts), {n: parts[n] for n in names & set(parts)}
+
+
 def test_there_are_chapters():
     assert NOTEBOOKS, "notebooks/ holds no chapter (NN_name.ipynb)"
 
@@ -68,6 +105,14 @@ def test_notebook_executes(path, tmp_path, jupyter_env, capsys, record_property)
     assert not unexpected, f"{path.name}: cells failed: {unexpected}"
     pngs = sum("image/png" in o.get("data", {}) for o in outputs)
     assert pngs >= 1, f"{path.name} shows no plot (no image/png output)"
+    # The learner writes the regions: no output (a printed source, a traceback, help())
+    # shows a line of a region's reference body.
+    shown = "\n".join(o.get("text", "") + "\n".join(str(v) for v in o.get("data", {}).values()
+                                                   if isinstance(v, str) and not v.startswith("iVBOR"))
+                      for o in outputs)
+    shown_lines = {line.strip() for line in shown.splitlines()}
+    leaked = sorted({rid for line, rid in region_lines().items() if line in shown_lines})
+    assert not leaked, f"{path.name} prints reference lines of the regions {leaked}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

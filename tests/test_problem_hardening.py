@@ -37,8 +37,6 @@ KINDS = {
                                                           "test_quantize_half_precision_weights", False),
     "float32 fed where the engine feeds bf16 (bytes)": ("fast-bucket-update", "counts_bytes_of_the_model_dtype",
                                                         "test_random_models_hot_equals_cold", False),
-    "a missing stream sync": ("bucket-handoff", "no_stream_sync",
-                              "test_cuda_ipc_bytes_are_in_place_before_the_post", True),
     "a NaN checkpoint escapes, engine paused": ("canary-rollback", "prechecks_the_shape",
                                                 "test_a_checkpoint_with_a_nan_is_rejected", False),
     "one length for every request (canary)": ("canary-rollback", "one_length_for_all",

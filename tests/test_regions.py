@@ -35,7 +35,7 @@ def test_a_stubbed_region_raises_its_message_and_keeps_the_markers():
     ns: dict = {}
     exec(text, ns)
     with pytest.raises(NotImplementedError, match=r"ch09\.twice: write this part \(chapter 09, notebooks/09\.ipynb, "
-                                                  r"section 'Exercise 1 · Twice'\)"):
+                                                  r"section “Exercise 1 · Twice”\)"):
         ns["A"]().f(1)
     (r,) = regions.parse(text)  # the judge can find it again, and put a body back
     back = regions.replace_bodies(text, {r.id: "return x + x\n"})

@@ -103,18 +103,22 @@ def test_the_student_edition_imports(edition):
 
 
 def test_learner_walk_stub_then_reference(edition, tmp_path):
-    """The stub's message, exit 1; the region filled back from the reference, exit 0 (public tests,
-    then the instructor's hidden ones too)."""
+    """A learner's walk through chapter 01 in the student edition: the stub's message and exit 1;
+    every chapter 01 region filled back from the reference (and the notebook's warm-up answered):
+    exit 0 on the public tests, exit 0 on the instructor's hidden ones too, and the chapter's
+    notebook runs top to bottom with no error, its graded cells passing on the learner's engine."""
     work = tmp_path / "learner"
-    shutil.copytree(edition, work, ignore=shutil.ignore_patterns("notebooks", "results", "binder"))
+    shutil.copytree(edition, work, ignore=shutil.ignore_patterns("binder"))
     before = judge(work, "test", "ch01", root=work)
     assert before.returncode == 1, before.stdout + before.stderr
     assert "ch01.block_hash: write this part (chapter 01, notebooks/01_the_engine.ipynb" in before.stdout
     assert "hidden tests: not present in this edition" in before.stdout
 
-    (region,) = [r for r in regions.find(REPO) if r.id == "ch01.block_hash"]
-    target = work / region.path.relative_to(REPO)
-    target.write_text(regions.replace_bodies(target.read_text(), {region.id: regions.dedent_body(region)}))
+    chapter01 = [r for r in regions.find(REPO) if r.id.startswith("ch01.")]
+    assert len(chapter01) >= 2
+    for region in chapter01:
+        target = work / region.path.relative_to(REPO)
+        target.write_text(regions.replace_bodies(target.read_text(), {region.id: regions.dedent_body(region)}))
     after = judge(work, "test", "ch01", root=work)
     assert after.returncode == 0, after.stdout + after.stderr
     assert "status: complete" in after.stdout
@@ -123,3 +127,51 @@ def test_learner_walk_stub_then_reference(edition, tmp_path):
     result = json.loads(graded.stdout)
     assert result["hidden"] and result["points"] == result["max_points"] > 0
     assert any(c["case"].startswith("test_hidden.py::") for c in result["cases"])
+
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    path = work / "notebooks" / "01_the_engine.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    instructor = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+                  for c in nbformat.read(REPO / "notebooks" / path.name, as_version=4).cells}
+    for cell in nb.cells:  # the notebook's own (non-engine) answers, as the learner writes them
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = instructor[cell.metadata["nbgrader"]["grade_id"]]
+    env_saved = {k: os.environ.pop(k) for k in ("COURSE_HIDDEN_DIR", "COURSE_PRACTICE_DIR", "PYTHONPATH")
+                 if k in os.environ}
+    os.environ["PYTHONPATH"] = str(work)  # the learner's kernel imports the learner's course_lib (as after set-up)
+    try:
+        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.pop("PYTHONPATH")
+        os.environ.update(env_saved)
+    shown = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert f"from {work}, torch" in shown, "the notebook ran another course_lib than the learner's"
+    graded_out = "\n".join(o.get("text", "") for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
+                           for o in c.outputs)
+    assert f"graded in {work} (public tests)" in graded_out, graded_out[-2000:]
+    for region in chapter01:
+        assert f"{region.id}: every case ran and passed" in graded_out, (region.id, graded_out[-2000:])
+
+
+def fill_regions(work: Path, ids) -> None:
+    """Write the reference body back into each region of ``ids`` in the edition at ``work``."""
+    for region in regions.find(REPO):
+        if region.id in ids:
+            target = work / region.path.relative_to(REPO)
+            target.write_text(regions.replace_bodies(target.read_text(), {region.id: regions.dedent_body(region)}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", [ch.id for ch in registry.all_chapters()])
+def test_each_chapter_needs_only_its_own_and_earlier_parts(edition, tmp_path, chapter):
+    """A learner who has written chapters up to this one, and no later one, passes this
+    chapter's public and hidden cases: no later chapter's stub is on its path."""
+    work = tmp_path / "learner"
+    shutil.copytree(edition, work, ignore=shutil.ignore_patterns("notebooks", "results", "binder"))
+    fill_regions(work, {ex.id for ch in registry.all_chapters() if ch.id <= chapter for ex in ch.exercises})
+    graded = judge(REPO, "test", chapter, "--json", root=work)
+    result = json.loads(graded.stdout)
+    failed = [(c["case"], c["message"][:300]) for c in result["cases"] if c["outcome"] == "fail"]
+    assert graded.returncode in (0, 3) and not failed and result["hidden"], failed or graded.stderr[-2000:]

@@ -17,6 +17,7 @@ from course_lib.layers.quant import discard_staged_weights, process_weights_afte
 from course_lib.engine.transaction import Applied, ValidatedUpdate, receive_even_if_refused
 from course_lib.weights import bucket, safe_pickle
 from course_lib.weights.checkpoint import hf_tensor_shapes
+from course_lib.weights.layerwise import LayerwiseReload
 from course_lib.weights.rollback import GuardedLayerwiseReload, RollbackPoint
 from course_lib.weights.reshard import check_plan_matches, load_shards, receive_shards
 from course_lib.weights.transports import dist as dist_transport
@@ -121,7 +122,7 @@ def disk_update(engine, model_path, partial: bool, staging: str, keep_snapshot: 
     reader, nbytes = open_and_validate(engine.model_config, model_path, partial)
     names = list(reader.metadata())
     timer.lap("validate")
-    if staging == "full":
+    if staging == "full" or not LayerwiseReload.is_written():
         staged = stage_from_disk(reader)
         check_finite(staged.items())
         timer.lap("transfer")

@@ -111,9 +111,12 @@ def find(root: Path) -> list[Region]:
 
 
 def stub_line(exercise_id: str, chapter: str, notebook: str, section: str) -> str:
-    """The one statement a stubbed region holds (without indentation or newline)."""
+    """The one statement a stubbed region holds (without indentation or newline).
+
+    The section is quoted with “ ” so that an apostrophe in its title is never escaped:
+    the learner reads the message in the source exactly as it is printed."""
     number = chapter.removeprefix("ch")
-    message = (f"{exercise_id}: write this part (chapter {number}, {notebook}, section {section!r}); "
+    message = (f"{exercise_id}: write this part (chapter {number}, {notebook}, section “{section}”); "
                f"then run: python practice/judge.py test {chapter}")
     return f"raise NotImplementedError({message!r})"
 

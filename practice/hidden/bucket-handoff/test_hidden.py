@@ -1,12 +1,12 @@
 """Hidden tests for bucket-handoff: one, two and three buffers, random bucket sizes (some
 tensors larger than a bucket, so buffers must grow), two updates in a row into the
-same engine, nothing to send, and real CUDA IPC on a GPU with copies still queued when
-the sender may post.
+same engine, nothing to send, and real CUDA IPC on a GPU.
 
 No case waits on a clock: on the CPU the engine opens a bucket only when the sender waits
 for it (the latest moment), so a buffer reused too soon is always caught; on the GPU it
-opens each bucket the moment it arrives (the earliest), so bytes not yet in the buffer
-are caught. Buckets in flight are counted in the engine's process, out of the sender's reach."""
+opens each bucket the moment it arrives (the earliest). (Bytes still queued on the
+sender's stream are not a case: torch's CUDA IPC records an event on that stream when a
+buffer is serialized and the engine's stream waits for it, so they arrive in place.) Buckets in flight are counted in the engine's process, out of the sender's reach."""
 import os
 import random
 
@@ -75,29 +75,6 @@ def test_nothing_to_send_posts_nothing(candidate, cpu_engine):
     assert report["posted"] == 0 and report["returned"] == 0, (
         f"an empty list of tensors posts no bucket and returns 0; the engine received {report['posted']} "
         f"and send_weights returned {report['returned']!r} {WHY}")
-
-
-@pytest.mark.cuda
-def test_cuda_ipc_bytes_are_in_place_before_the_post(candidate, tmp_path):
-    # The engine opens each bucket as soon as it is posted; the sender's stream is kept busy
-    # first, so pack's copies are still queued when it returns: only a sender that waits for
-    # its stream before posting hands over the bytes it packed.
-    paths = [make_random(tmp_path / str(seed), "small", seed=seed, dtype=torch.bfloat16) for seed in (21, 22)]
-    engine = EngineProcess(paths[0], device="cuda", mode="eager")
-    try:
-        tensors = [(n, t.to("cuda")) for n, t in CheckpointReader(paths[1]).iter_tensors()]
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(2e9))  # about a second of GPU work queued ahead of every copy
-        report = engine.run(candidate.send_weights, tensors, bucket_bytes=256 << 10, num_buffers=2)
-        report["differ"] = engine.compare(paths[1])
-    finally:
-        engine.close()
-    assert not report["differ"], (
-        f"CUDA IPC: the engine ends with the weights sent, but {len(report['differ'])} tensors differ "
-        f"(e.g. {report['differ'][:3]}): a bucket was posted before the copies that pack queued on the "
-        f"stream had run (synchronize the stream before posting) {WHY}")
-    assert not report["unacked_at_return"] and report["returned"] == report["posted"], \
-        f"CUDA IPC: every bucket acknowledged at return, and the count returned {WHY}"
 
 
 @pytest.mark.cuda

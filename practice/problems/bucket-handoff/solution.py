@@ -22,7 +22,7 @@ def send_weights(named_tensors, post, wait_ack, bucket_bytes: int = 1 << 20, num
             buffers[slot] = torch.empty(max(need, bucket_bytes), dtype=torch.uint8, device=group[0][1].device)
         packed = bucket.pack(group, out=buffers[slot])
         if buffers[slot].is_cuda:
-            torch.cuda.current_stream().synchronize()  # the bytes are in place before the engine looks
+            torch.cuda.current_stream().synchronize()  # in place before posting, whatever stream wrote them
         holder[slot] = post(safe_pickle.serialize(packed))
         sent += 1
     for receipt in holder:  # keep every buffer alive and unchanged until its bucket is applied

@@ -312,18 +312,6 @@ def test_local_loader_engine_logits_equal_transformers(kind, rng, tmp_path):
     assert rel < 1e-4, where(f"{kind}: the engine's logits differ from transformers' (relative difference {rel:.1e})")
 
 
-@local_loader
-def test_local_loader_int8_engine_loads_through_it(rng, tmp_path):
-    # Quantized layers stage each shard through local_loader before requantizing.
-    config = config_for("gqa", rng)
-    old = make_random(tmp_path / "old", config, seed=rng.randrange(10_000))
-    new = make_random(tmp_path / "new", config, seed=rng.randrange(10_000))
-    engine = Engine(old, quantization="int8")
-    engine.update_weights_from_disk(str(new))
-    assert_hot_equals_cold(engine, new, PROMPTS, max_new_tokens=3)
-    assert_addresses_unchanged(engine)
-
-
 # ---- ch01.block_hash -------------------------------------------------------------------
 
 def _tokens(rng, n):
