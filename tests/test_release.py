@@ -166,11 +166,16 @@ def fill_regions(work: Path, ids) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", [ch.id for ch in registry.all_chapters()])
 def test_each_chapter_needs_only_its_own_and_earlier_parts(edition, tmp_path, chapter):
-    """A learner who has written chapters up to this one, and no later one, passes this
-    chapter's public and hidden cases: no later chapter's stub is on its path."""
+    """With the earlier chapters written and this one not, this chapter fails at its stubs
+    (exit 1); once its parts are written too, and no later chapter's, it passes its public
+    and hidden cases: no later chapter's stub is on its path."""
     work = tmp_path / "learner"
     shutil.copytree(edition, work, ignore=shutil.ignore_patterns("notebooks", "results", "binder"))
-    fill_regions(work, {ex.id for ch in registry.all_chapters() if ch.id <= chapter for ex in ch.exercises})
+    # Earlier chapters written, this one not yet: this chapter fails, with its own stubs' messages.
+    fill_regions(work, {ex.id for ch in registry.all_chapters() if ch.id < chapter for ex in ch.exercises})
+    before = judge(work, "test", chapter, root=work)
+    assert before.returncode == 1 and f"{chapter}." in before.stdout and ": write this part (chapter " in before.stdout
+    fill_regions(work, {ex.id for ch in registry.all_chapters() if ch.id == chapter for ex in ch.exercises})
     graded = judge(REPO, "test", chapter, "--json", root=work)
     result = json.loads(graded.stdout)
     failed = [(c["case"], c["message"][:300]) for c in result["cases"] if c["outcome"] == "fail"]
