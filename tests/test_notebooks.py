@@ -123,6 +123,8 @@ def test_notebook_is_an_nbgrader_source(path):
     assert re.search(r"^## Self-test", markdown, re.M), "a chapter opens with a self-test"
     assert re.search(r"^## Summary", markdown, re.M), "a chapter closes with a summary"
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    cell_ids = [c.get("id") for c in nb["cells"]]  # nbformat 4.5: every cell has an id, none repeated
+    assert None not in cell_ids and len(cell_ids) == len(set(cell_ids)), "cell ids missing or repeated"
     assert "%matplotlib inline" in "".join(src for _, src, _ in cells)
 
     # One source of truth: chapters never paste a copy of engine code.
