@@ -80,14 +80,14 @@ WRONG_REGION = ("ch01.tp_slice", REPO / "practice" / "hidden" / "chapters" / "ch
 
 
 def course_lib_with(dest: Path, exercise_id: str, body: str) -> None:
-    """A copy of the instructor's course_lib at ``dest`` with region ``exercise_id``'s body replaced."""
+    """A copy of the instructor's course_lib at ``dest`` with region ``exercise_id``'s body replaced
+    (built as ``judge.py check`` builds its wrong variants)."""
     sys.path.insert(0, str(REPO / "practice"))
-    from judging import regions
+    from judging.checks import variant_root
 
-    shutil.copytree(REPO / "course_lib", dest, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    (region,) = [r for r in regions.find(REPO) if r.id == exercise_id]
-    target = dest / region.path.relative_to(REPO / "course_lib")
-    target.write_text(regions.replace_bodies(target.read_text(), {exercise_id: body}, target))
+    root = variant_root(REPO, exercise_id, body)
+    shutil.move(str(root / "course_lib"), dest)
+    shutil.rmtree(root)
 
 
 @pytest.fixture(scope="module")

@@ -116,9 +116,7 @@ def test_learner_walk_stub_then_reference(edition, tmp_path):
 
     chapter01 = [r for r in regions.find(REPO) if r.id.startswith("ch01.")]
     assert len(chapter01) >= 2
-    for region in chapter01:
-        target = work / region.path.relative_to(REPO)
-        target.write_text(regions.replace_bodies(target.read_text(), {region.id: regions.dedent_body(region)}))
+    fill_regions(work, {r.id for r in chapter01})
     after = judge(work, "test", "ch01", root=work)
     assert after.returncode == 0, after.stdout + after.stderr
     assert "status: complete" in after.stdout
