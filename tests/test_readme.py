@@ -1,5 +1,6 @@
 """The README is the front door: its map of the code and its contracts table must name
 files, functions and tests that exist, so a reader who follows them never hits a dead end."""
+import json
 import re
 from pathlib import Path
 
@@ -52,3 +53,15 @@ def test_the_contracts_table_names_tests_and_files_that_exist():
             name = next(f for f in found if f)
             candidates = [REPO / name, REPO / "course_lib" / name]
             assert any(c.exists() for c in candidates), f"the contracts table names {name}, which does not exist"
+
+
+def test_the_chapters_table_names_every_exercise():
+    """The README's chapter table lists, per chapter, every exercise of its chapter.json."""
+    text = README
+    for registry in sorted((REPO / "practice" / "chapters").glob("ch*/chapter.json")):
+        number = registry.parent.name.removeprefix("ch")
+        row = next((r for r in text.splitlines() if r.startswith(f"| {number} | ")), None)
+        assert row, f"the README's chapter table has no row for chapter {number}"
+        for ex in json.loads(registry.read_text())["exercises"]:
+            name = ex["id"].split(".", 1)[1]
+            assert f"`{name}`" in row, f"chapter {number}'s row does not name its exercise {ex['id']}"
