@@ -86,8 +86,23 @@ class ReshardPlan:
                 if t.dest.boxes[engine_rank] is not None}
 
     def check(self) -> None:
-        """Every element each engine rank needs arrives exactly once, from a trainer rank
-        that holds it. Disjoint pieces whose sizes add up to the shard cover it exactly."""
+        """Prove, before anything moves, that every element each engine rank needs arrives
+        exactly once, from a trainer rank that holds it. For every tensor and every engine
+        rank ``e`` (``t.dest.boxes[e]``, None when it holds nothing), with ``mine`` the
+        pieces whose ``dst`` is ``e``:
+
+        - a rank that holds nothing is sent no piece;
+        - each piece's ``region`` lies inside its source's box ``t.source.boxes[p.src]``
+          (which must not be None) and inside ``e``'s box (``intersect(x, y) == x`` says
+          box ``x`` lies inside ``y``);
+        - no two of ``mine`` overlap (``intersect`` is None for every pair);
+        - their volumes add up to the volume of ``e``'s box: disjoint pieces inside the
+          box whose sizes add up to it cover it exactly (no gap).
+
+        Raises ``ReshardError`` at the first problem, its message starting with the
+        tensor's name and saying which rank and which box; returns None when all hold.
+        Changes nothing."""
+        # BEGIN EXERCISE ch06.plan_check
         for t in self.tensors.values():
             for e, box in enumerate(t.dest.boxes):
                 mine = [p for p in t.pieces if p.dst == e]
@@ -109,6 +124,7 @@ class ReshardPlan:
                 if got != volume(box):
                     raise ReshardError(f"{t.name}: engine rank {e} would receive {got} of the {volume(box)} "
                                        f"elements of its shard")
+        # END EXERCISE
 
     def summary(self, pieces: bool = False) -> str:
         """Bytes each trainer rank sends and each engine rank receives, and the total;
@@ -128,8 +144,29 @@ class ReshardPlan:
 
 
 def plan_tensor(name: str, shape, dtype: torch.dtype, source: Layout, dest: Layout) -> TensorPlan:
-    """Intersect the two layouts of one tensor. Where the source has replicas of a box,
-    engine rank e takes it from the (e mod replicas)-th holder, spreading the load."""
+    """Intersect the trainer's layout ``source`` with the engine's layout ``dest`` of one
+    tensor ``name`` of ``shape`` and ``dtype``: the pieces that move it.
+
+    First refuse bad layouts, before planning anything: a layout whose ``shape`` is not
+    ``shape``, or one that ``Layout.validate`` refuses (a box outside the tensor, two
+    different boxes that overlap, boxes that leave a gap). Each raises ``ReshardError``
+    whose message starts with ``name``.
+
+    Then one ``Piece`` per engine rank ``e`` (skipping ranks whose box is None) and per
+    *distinct* source box that meets ``e``'s box (``intersect``): ranks holding the same
+    box are replicas, and only one of them sends. Of the ranks holding that box, in rank
+    order, engine rank ``e`` takes it from the ``(e % number_of_holders)``-th, so replicas
+    share the sending. A piece's ``region`` is the intersection in full-tensor coordinates;
+    ``src_box`` is that region relative to the source's box (where it sits in the trainer's
+    local tensor), ``dst_box`` relative to ``e``'s box (where it goes in the engine's
+    shard; ``relative`` does both); ``nbytes`` is its element count (``volume``) times the
+    dtype's element size. Uneven splits and GQA (fewer k/v rows than q rows) need nothing
+    special: boxes say everything.
+
+    Returns ``TensorPlan(name, shape, dtype, source, dest, pieces)``, ``shape`` as a tuple
+    of ints; pieces in this order: engine ranks ascending, then source boxes in the order
+    of their first holder."""
+    # BEGIN EXERCISE ch06.plan_tensor
     shape = tuple(int(s) for s in shape)
     for role, lay in (("trainer", source), ("engine", dest)):
         if tuple(lay.shape) != shape:
@@ -152,6 +189,7 @@ def plan_tensor(name: str, shape, dtype: torch.dtype, source: Layout, dest: Layo
             plan.pieces.append(Piece(name, src, e, region, relative(region, box), relative(region, want),
                                      volume(region) * itemsize))
     return plan
+    # END EXERCISE
 
 
 def plan(tensors: Mapping[str, tuple], trainer_layouts: Mapping, engine_layouts: Mapping) -> ReshardPlan:
