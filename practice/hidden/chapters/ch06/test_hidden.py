@@ -231,6 +231,13 @@ def test_correct_random_plans_pass_and_are_left_unchanged(rng):
 @CHECK
 def test_a_gap_a_double_send_or_a_shifted_piece_is_refused_naming_the_tensor(rng):
     r, seed = rng
+    rows = 2 * r.randint(1, 4)
+    cols_to_rows = own_plan({"w": ((rows, rows), F32)}, {"w": R.Layout.split((rows, rows), 2, 1)},
+                            {"w": R.Layout.split((rows, rows), 2, 0)})
+    left, right = [p for p in cols_to_rows.pieces if p.dst == 0]  # two pieces of one size
+    with pytest.raises(R.ReshardError, match="w"):
+        with_pieces(cols_to_rows, [p for p in cols_to_rows.pieces if p is not right] + [left]).check()
+        raise AssertionError(f"{seed}: engine rank 0 sent its left half twice and its right half never: passed")
     for i in range(30):
         name, plan = checked_case(r)
         pieces = plan.pieces
