@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "practice" / "hidden"))
 
 from chapters.ch05_moving_the_bytes import check_pack_unpack  # noqa: E402
-from chapters.ch06_resharding import check_plan_pieces  # noqa: E402
 
 
 def solution(notebook: str, name: str):
@@ -47,7 +46,3 @@ def test_ch05_pack_unpack():
     assert check_pack_unpack(bucket.pack, bucket.unpack) == []
     assert check_pack_unpack(unaligned_pack, bucket.unpack)
 
-
-def test_ch06_plan_pieces():
-    assert check_plan_pieces(solution("06_resharding.ipynb", "plan_pieces")) == []
-    assert check_plan_pieces(lambda shape, src_boxes, dst_boxes: [])
