@@ -158,13 +158,14 @@ def test_every_route_wants_the_key_401_missing_403_wrong(world):
              {"X-API-Key": key[: len(key) // 2]}, {"Authorization": f"Bearer {key.upper()}"},
              {"Authorization": f"Bearer {os.urandom(12).hex()}", "X-API-Key": key}]
     missing = [{}, {"Authorization": "Bearer"}, {"Authorization": f"Basic {key}"}, {"X-API-Key": ""}]
-    for method, route in routes:
-        for headers in missing:
-            expect(httpx.request(method, f"{url}{route}", headers=headers), 401, "unauthorized", False, seed,
-                   f"{method} {route} with headers {list(headers)} and no usable key")
-        for headers in wrong:
-            expect(httpx.request(method, f"{url}{route}", headers=headers), 403, "forbidden", False, seed,
-                   f"{method} {route} with a wrong key in {list(headers)}")
+    with httpx.Client(base_url=url) as http:
+        for method, route in routes:
+            for headers in missing:
+                expect(http.request(method, route, headers=headers), 401, "unauthorized", False, seed,
+                       f"{method} {route} with headers {list(headers)} and no usable key")
+            for headers in wrong:
+                expect(http.request(method, route, headers=headers), 403, "forbidden", False, seed,
+                       f"{method} {route} with a wrong key in {list(headers)}")
     assert world.state()[0] is False, f"seed {seed}: refused requests paused the server"
 
 
@@ -222,7 +223,7 @@ def test_the_key_is_checked_before_the_weight_route_switch(world):
 @STATUS
 def test_a_live_server_answers_409_400_503_in_the_error_shape(world):
     seed, url, h = world.seed, world.url, {"X-API-Key": world.key}
-    tokens = random.Random(seed).randrange(250, 400)
+    tokens = random.Random(seed).randrange(150, 250)
     world.reset(world.ckpts[0])
     thread = world.long_request(tokens)
     try:
@@ -307,7 +308,7 @@ def flush_replies(world, since: int) -> list:
 @FLUSH
 def test_flush_is_retried_while_a_wait_pause_drains(world):
     seed = world.seed
-    tokens = random.Random(seed).randrange(200, 400)
+    tokens = random.Random(seed).randrange(100, 200)
     thread = world.long_request(tokens)
     since = len(world.log)
     with world.client() as c:
@@ -327,7 +328,7 @@ def test_flush_is_retried_while_a_wait_pause_drains(world):
 def test_flush_gives_up_after_its_tries_with_the_last_error(world):
     seed = world.seed
     n = random.Random(seed).randrange(2, 6)
-    thread = world.long_request(400)  # not paused: every flush is refused while it runs
+    thread = world.long_request(150)  # not paused: every flush is refused while it runs
     since = len(world.log)
     try:
         with world.client() as c, pytest.raises(EngineError) as info:
@@ -400,7 +401,7 @@ def test_sync_from_tensors_makes_the_calls_in_order_and_is_hot_equal_cold(world,
     seed, version, bucket_bytes = world.seed, f"step-{r.randrange(10**6)}", r.choice([20_000, 40_000, 80_000])
     new = world.ckpts[r.choice([1, 2])]
     world.reset(world.ckpts[0])
-    thread = world.long_request(r.randrange(100, 250)) if mode == "wait" else None
+    thread = world.long_request(r.randrange(60, 120)) if mode == "wait" else None
     since = len(world.log)
     with world.client() as c:
         times = c.sync_weights(named_tensors=CheckpointReader(new).iter_tensors(), weight_version=version,
@@ -468,7 +469,7 @@ def test_a_failure_before_any_weight_changed_still_continues(world, tmp_path):
         world.hot_equals_cold(world.ckpts[0], f"{what} changed no weight")
     # A first flush that never succeeds (a wait pause whose request outlives the tries).
     world.reset(world.ckpts[0], version="before")
-    thread = world.long_request(400)
+    thread = world.long_request(150)
     try:
         error, paths = failing_sync(world, "flush gave up", named_tensors=tensors, weight_version="never",
                                     pause_mode="wait", flush_tries=2)
