@@ -14,7 +14,6 @@ pytest.importorskip("fastapi")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "practice" / "hidden"))
 
-from chapters.ch07_the_serving_protocol import check_rl_sync  # noqa: E402
 from chapters.ch09_changing_versions_in_production import check_compare_outputs  # noqa: E402
 
 
@@ -38,30 +37,6 @@ def define(source: str, name: str, replace: tuple[str, str] | None = None):
                  "BucketSender": BucketSender}
     exec(compile(source, f"<{name}>", "exec"), namespace)
     return namespace[name]
-
-
-RL = ("07_the_serving_protocol.ipynb", "rl_sync")
-RL_WRONG = {
-    "gives up on the first refused flush": ("if not exc.retryable or attempt == tries:", "if True:"),
-    "flushes with every bucket": ('load_format="flattened_bucket", flush_cache=False)\n',
-                                  'load_format="flattened_bucket", flush_cache=True)\n'),
-    "labels the first bucket with the new version": (
-        'load_format="flattened_bucket", flush_cache=False)\n',
-        'load_format="flattened_bucket", flush_cache=False, weight_version=weight_version)\n'),
-    "never flushes after the last bucket": ("    flush_with_retries()\n    lap(\"flush_s\")", "    lap(\"flush_s\")"),
-    "never continues": ("    client.continue_generation()\n", "\n"),
-    "does not pause": ('    client.pause_generation("abort")\n', "\n"),
-}
-
-
-def test_rl_sync_check_passes_the_reference():
-    assert check_rl_sync(define(answer_source(*RL), "rl_sync")) == []
-
-
-@pytest.mark.parametrize("mistake", list(RL_WRONG))
-def test_rl_sync_check_catches(mistake):
-    failures = check_rl_sync(define(answer_source(*RL), "rl_sync", RL_WRONG[mistake]))
-    assert failures, f"the check passed an answer that {mistake}"
 
 
 CMP = ("09_changing_versions_in_production.ipynb", "compare_outputs")

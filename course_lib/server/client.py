@@ -10,7 +10,8 @@
     GET  /flush_cache                             once more: nothing computed before survives
     POST /continue_generation
 
-Every error comes back as ``EngineError`` carrying the server's error shape.
+A failure before any weight changed still ends with the continue (the server serves its
+old weights); a failure after some buckets landed leaves the server paused. Every error comes back as ``EngineError`` carrying the server's error shape.
 """
 from __future__ import annotations
 
@@ -126,28 +127,67 @@ class EngineClient:
 
     # ---- the RL flow -------------------------------------------------------------------
     def flush_until_done(self, interval_s: float = 1.0, tries: int = 60) -> int:
-        """GET /flush_cache until 200 (slime: 1 s apart, 60 tries); returns the tries used."""
+        """``GET /flush_cache`` (``self.flush_cache()``) until it succeeds; returns the
+        number of calls it took (1 when the first succeeded).
+
+        The server refuses a flush with a *retryable* error while requests are still
+        running or waiting (400 ``requests_in_flight``: right after an abort pause, or while
+        a wait pause drains). On an ``EngineError`` whose ``retryable`` is true, sleep
+        ``interval_s`` and call again, at most ``tries`` calls in all (slime: 1 s apart, 60
+        tries); after the last refused call, raise that error. Any error that is not
+        retryable is raised at once, without retrying. ``tries`` < 1: ``ValueError``.
+        """
+        # BEGIN EXERCISE ch07.flush_retry
+        if tries < 1:
+            raise ValueError(f"tries must be at least 1, not {tries}")
         for attempt in range(1, tries + 1):
             try:
                 self.flush_cache()
                 return attempt
             except EngineError as exc:
-                if exc.code != "requests_in_flight" or attempt == tries:
+                if not exc.retryable or attempt == tries:
                     raise
             time.sleep(interval_s)
         raise AssertionError("unreachable")
+        # END EXERCISE
 
     def sync_weights(self, named_tensors=None, model_path=None, weight_version=None, pause_mode: str | None = None,
                      bucket_bytes: int = DEFAULT_BUCKET_BYTES, flush_interval_s: float = 1.0,
                      flush_tries: int = 60) -> dict:
-        """Push new weights the way slime does; returns the seconds each phase took.
+        # Over 60 lines only by its docstring: it is the exercise's whole statement.
+        """Push new weights the way an RL trainer does (slime's calls, in slime's order).
 
-        Give ``named_tensors`` ((name, tensor) pairs, sent as IPC buckets) or
-        ``model_path`` (a checkpoint dir the server reads). ``pause_mode`` None posts
-        ``{}`` (the server's default, abort), as slime does. If an update fails the
-        server is left paused (continuing could serve a mix of old and new buckets) and
-        the error is raised.
+        Give exactly one of ``named_tensors`` ((name, tensor) pairs, sent as IPC buckets by
+        ``self.send_buckets``) or ``model_path`` (a checkpoint dir the server reads, one
+        ``self.update_weights_from_disk(model_path, weight_version=..., flush_cache=False)``);
+        both or neither: ``ValueError`` before any call. The calls:
+
+        1. ``self.pause_generation(pause_mode)`` (None posts ``{}``: the server's default, abort);
+        2. ``self.flush_until_done(flush_interval_s, flush_tries)``: the tries it took;
+        3. the update (buckets, or the disk update), carrying ``weight_version``;
+        4. ``self.flush_until_done(...)`` once more: nothing computed before survives;
+        5. ``self.continue_generation()``.
+
+        Returns the seconds each phase took, measured with ``time.perf_counter``:
+        ``pause_s`` (1), ``flush_wait_s`` (2), ``update_s`` (3), ``flush_s`` (4),
+        ``continue_s`` (5) and ``total_s`` (their sum); with ``flush_tries`` (from 2),
+        ``buckets`` (non-empty buckets sent; 0 from disk), ``bytes`` (the update replies'
+        ``"bytes"``, summed) and ``num_aborted_requests`` (from the pause's reply).
+
+        When a step after the pause fails with an ``EngineError``:
+
+        - if no weight changed yet (the first flush gave up, the disk update was refused:
+          disk updates validate everything before the first write, or the first bucket was
+          refused: each bucket is validated before it is copied), continue generation
+          anyway, so the server serves its old weights, whole, instead of staying paused
+          for nobody, then raise the error;
+        - if some weights changed (a bucket after the first, the version bucket or the
+          last flush failed), the server would serve a mix of two versions: leave it
+          paused and raise the error (send the update again, or roll back).
+
+        Other errors (a broken connection) are raised as they are, without further calls.
         """
+        # BEGIN EXERCISE ch07.client_flow
         if (named_tensors is None) == (model_path is None):
             raise ValueError("give exactly one of named_tensors or model_path")
         times, t0 = {}, time.perf_counter()
@@ -160,25 +200,36 @@ class EngineClient:
 
         pause = self.pause_generation(pause_mode)
         lap("pause_s")
-        times["flush_tries"] = self.flush_until_done(flush_interval_s, flush_tries)
-        lap("flush_wait_s")
-        if model_path is not None:
-            result = self.update_weights_from_disk(model_path, weight_version=weight_version, flush_cache=False)
-            buckets, nbytes = 0, result.get("bytes", 0)
-        else:
-            buckets, nbytes = self._send_buckets(named_tensors, weight_version, bucket_bytes)
-        lap("update_s")
-        self.flush_until_done(flush_interval_s, flush_tries)
-        lap("flush_s")
+        sent = {"buckets": 0, "bytes": 0}  # send_buckets counts each bucket as the server accepts it
+        try:
+            times["flush_tries"] = self.flush_until_done(flush_interval_s, flush_tries)
+            lap("flush_wait_s")
+            if model_path is not None:
+                result = self.update_weights_from_disk(model_path, weight_version=weight_version, flush_cache=False)
+                sent["bytes"] = result.get("bytes", 0)
+            else:
+                self.send_buckets(named_tensors, weight_version, bucket_bytes, sent)
+            lap("update_s")
+            self.flush_until_done(flush_interval_s, flush_tries)
+            lap("flush_s")
+        except EngineError:
+            if sent["buckets"] == 0 and "update_s" not in times:  # nothing changed: serve the old weights
+                self.continue_generation()
+            raise
         self.continue_generation()
         lap("continue_s")
-        times.update(total_s=sum(v for k, v in times.items() if k.endswith("_s")), buckets=buckets, bytes=nbytes,
-                     num_aborted_requests=pause.get("num_aborted_requests", 0))
+        times.update(total_s=sum(v for k, v in times.items() if k.endswith("_s")), buckets=sent["buckets"],
+                     bytes=sent["bytes"], num_aborted_requests=pause.get("num_aborted_requests", 0))
         return times
+        # END EXERCISE
 
-    def _send_buckets(self, named_tensors, weight_version, bucket_bytes: int) -> tuple[int, int]:
+    def send_buckets(self, named_tensors, weight_version, bucket_bytes: int, sent: dict) -> None:
+        """Send ``named_tensors`` as flattened IPC buckets of about ``bucket_bytes``, one
+        ``update_weights_from_tensor`` each (``flush_cache=False``), then an empty bucket
+        carrying ``weight_version``, so the label changes only once every bucket landed.
+        ``sent["buckets"]`` and ``sent["bytes"]`` grow as each non-empty bucket is accepted
+        (so a caller knows, after an error, whether any weight changed)."""
         sender = BucketSender(bucket_bytes)
-        buckets = nbytes = 0
         for receipt, payload in sender.payloads(named_tensors):
             try:
                 result = self.update_weights_from_tensor([payload], load_format="flattened_bucket", flush_cache=False)
@@ -186,9 +237,8 @@ class EngineClient:
                 sender.release(receipt)  # a reply, even an error, means the server is done reading it
                 raise
             sender.release(receipt)
-            buckets, nbytes = buckets + 1, nbytes + result.get("bytes", 0)
-        # The trailing empty bucket carries the version: it changes only once every bucket landed.
+            sent["buckets"] += 1
+            sent["bytes"] += result.get("bytes", 0)
         empty = safe_pickle.serialize(bucket.pack([]))
         self.update_weights_from_tensor([empty], load_format="flattened_bucket", flush_cache=False,
                                         weight_version=weight_version)
-        return buckets, nbytes

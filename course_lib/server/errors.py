@@ -42,7 +42,28 @@ class ApiError(Exception):
 
 
 def from_engine_exception(exc: BaseException, engine) -> ApiError:
-    """The ApiError for an exception an engine call raised (on the engine thread)."""
+    """The ``ApiError`` an engine call's exception ``exc`` is answered with (engine thread).
+
+    The status, the stable ``code`` and ``retryable`` by what went wrong, first match wins:
+
+    - already an ``ApiError``: itself, unchanged;
+    - ``EnginePausedError`` (new work while paused): 503 ``paused``, retryable (it works
+      after ``/continue_generation``);
+    - ``EngineBusyError`` (an update while unpaused with requests in flight): 409 ``conflict``;
+    - ``UnsafePickleError`` (a payload outside the unpickling allowlist): 400 ``unsafe_payload``;
+    - ``AddressMovedError`` (the audit found moved memory): 500 ``address_moved``, the
+      message ending in "the engine refuses work until restarted";
+    - ``TimeoutError`` (a wait-mode drain gave up before changing anything): 504
+      ``timeout``, retryable;
+    - any other ``ValueError`` (an update refused before any write: nothing changed):
+      400 ``bad_request``;
+    - anything else while ``engine.unhealthy`` is set (a reason string): 503 ``unhealthy``
+      with that reason in the message;
+    - anything else: 500 ``internal``, logged with its traceback (``log.error``).
+
+    Messages carry ``str(exc)``; retryable is False unless stated. Pure: it changes nothing.
+    """
+    # BEGIN EXERCISE ch07.error_status
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, EnginePausedError):
@@ -54,7 +75,6 @@ def from_engine_exception(exc: BaseException, engine) -> ApiError:
     if isinstance(exc, AddressMovedError):
         return ApiError(500, "address_moved", f"{exc}; the engine refuses work until restarted")
     if isinstance(exc, TimeoutError):
-        # The wait-mode drain gave up before changing anything: the same update may succeed later.
         return ApiError(504, "timeout", str(exc), retryable=True)
     if isinstance(exc, ValueError):  # UpdateError, CheckpointError, BucketError: nothing was changed
         return ApiError(400, "bad_request", str(exc))
@@ -63,6 +83,7 @@ def from_engine_exception(exc: BaseException, engine) -> ApiError:
                                           f"{engine.unhealthy}")
     log.error("engine call failed", exc_info=exc)
     return ApiError(500, "internal", f"{type(exc).__name__}: {exc}")
+    # END EXERCISE
 
 
 def _validation_message(exc: RequestValidationError) -> str:

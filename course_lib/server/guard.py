@@ -22,17 +22,6 @@ WEIGHT_ROUTES = frozenset({
 OPEN_ROUTES = frozenset({"/health"})
 
 
-def presented_key(headers: dict[bytes, bytes]) -> bytes | None:
-    """The key from ``Authorization: Bearer <key>`` or, failing that, ``X-API-Key``."""
-    auth = headers.get(b"authorization")
-    if auth is not None:
-        scheme, _, token = auth.partition(b" ")
-        if scheme.lower() == b"bearer" and token.strip():
-            return token.strip()
-    key = headers.get(b"x-api-key")
-    return key.strip() if key is not None and key.strip() else None
-
-
 class GuardMiddleware:
     """Pure ASGI middleware, so it can refuse before the body is read."""
 
@@ -58,16 +47,10 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
     def check(self, path: str, headers: dict[bytes, bytes]) -> ApiError | None:
-        if self.api_key is not None and path not in OPEN_ROUTES:
-            key = presented_key(headers)
-            if key is None:
-                return ApiError(401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>' "
-                                                     "or 'X-API-Key: <key>'")
-            if not hmac.compare_digest(key, self.api_key):  # constant time: no key prefix leaks by timing
-                return ApiError(403, "forbidden", "wrong API key")
-        if path in WEIGHT_ROUTES and not self.allow_weight_update:
-            return ApiError(403, "route_disabled", f"{path} is disabled: start the server with "
-                                                   f"--allow-weight-update to enable weight routes")
+        """The first refusal for this request, or None: the route rules, then the body size."""
+        error = self.route_rules(path, headers)
+        if error is not None:
+            return error
         length = headers.get(b"content-length")
         if length is not None:
             try:
@@ -78,6 +61,50 @@ class GuardMiddleware:
             if n > self.max_body_bytes:
                 return self._too_large(n)
         return None
+
+    def route_rules(self, path: str, headers: dict[bytes, bytes]) -> ApiError | None:
+        """Who may call ``path``: the ``ApiError`` to answer with, or None to let it through.
+
+        ``self.api_key`` is the server's key as bytes (None: no key needed);
+        ``self.allow_weight_update`` is the ``--allow-weight-update`` switch; ``headers``
+        maps lower-case header names to values, both bytes (``{b"x-api-key": b"..."}``).
+        Nothing is read but these; nothing is changed. In this order:
+
+        1. The API key, when the server has one, on every route except those in
+           ``OPEN_ROUTES`` (``/health``). The key presented is the token of
+           ``Authorization: Bearer <token>`` (the scheme in any letter case, the token
+           stripped of spaces) or, when that header is absent or not a non-empty Bearer
+           token, the stripped value of ``X-API-Key``. No key presented (or an empty one):
+           ``ApiError(401, "unauthorized", <message naming both headers>)``. A key that is
+           not the server's: ``ApiError(403, "forbidden", "wrong API key")``, compared with
+           ``hmac.compare_digest`` (constant time, so no prefix of the key leaks by timing).
+        2. The weight routes (``WEIGHT_ROUTES``) when the server started without
+           ``--allow-weight-update``: ``ApiError(403, "route_disabled", <message naming
+           the path and --allow-weight-update>)``. ``/flush_cache`` is not one of them.
+
+        Every refusal is not retryable (the default of ``ApiError``).
+        """
+        # BEGIN EXERCISE ch07.route_rules
+        if self.api_key is not None and path not in OPEN_ROUTES:
+            key = None
+            auth = headers.get(b"authorization")
+            if auth is not None:
+                scheme, _, token = auth.partition(b" ")
+                if scheme.lower() == b"bearer" and token.strip():
+                    key = token.strip()
+            if key is None:
+                fallback = headers.get(b"x-api-key", b"").strip()
+                key = fallback or None
+            if key is None:
+                return ApiError(401, "unauthorized", "missing API key: send 'Authorization: Bearer <key>' "
+                                                     "or 'X-API-Key: <key>'")
+            if not hmac.compare_digest(key, self.api_key):
+                return ApiError(403, "forbidden", "wrong API key")
+        if path in WEIGHT_ROUTES and not self.allow_weight_update:
+            return ApiError(403, "route_disabled", f"{path} is disabled: start the server with "
+                                                   f"--allow-weight-update to enable weight routes")
+        return None
+        # END EXERCISE
 
     def _too_large(self, n: int | None) -> ApiError:
         size = f"{n} bytes" if n is not None else "more bytes than that"

@@ -184,22 +184,32 @@ class EngineWorker:
         try:
             result = fn(self.engine)
         except BaseException as exc:  # noqa: BLE001 - every error goes back to its caller
-            future.set_exception(from_engine_exception(exc, self.engine))
+            future.set_exception(self._translate(exc))
         else:
             future.set_result(result)
+
+    def _translate(self, exc: BaseException) -> ApiError:
+        """``exc`` as the error its caller gets. A translation that itself fails (a bug, or
+        the student edition's unwritten stub) becomes a 500 naming that failure, and the
+        engine loop keeps running."""
+        try:
+            return from_engine_exception(exc, self.engine)
+        except Exception as bug:  # noqa: BLE001 - the loop must outlive a broken translation
+            return ApiError(500, "internal", f"{type(bug).__name__}: {bug} (while reporting "
+                                             f"{type(exc).__name__}: {exc})")
 
     def _step(self) -> None:
         # step() also hands back outputs that finished outside a step (aborted by a pause
         # or an update), so it runs after every batch of commands, even while paused.
         if self.engine.unhealthy:
-            self._fail_waiters(from_engine_exception(RuntimeError(self.engine.unhealthy), self.engine))
+            self._fail_waiters(self._translate(RuntimeError(self.engine.unhealthy)))
             return
         before = {seq.rid for seq in self.engine.scheduler.running}
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - contained: see _contain
             if self.engine.unhealthy:
-                self._fail_waiters(from_engine_exception(exc, self.engine))
+                self._fail_waiters(self._translate(exc))
                 return
             outputs = self._contain(exc, before)
         self._deliver(outputs)

@@ -1,0 +1,17 @@
+# An update under running requests is blamed on the request (400), not on the server's state (409).
+if isinstance(exc, ApiError):
+    return exc
+if isinstance(exc, EnginePausedError):
+    return ApiError(503, "paused", str(exc), retryable=True)
+if isinstance(exc, UnsafePickleError):
+    return ApiError(400, "unsafe_payload", str(exc))
+if isinstance(exc, AddressMovedError):
+    return ApiError(500, "address_moved", f"{exc}; the engine refuses work until restarted")
+if isinstance(exc, TimeoutError):
+    return ApiError(504, "timeout", str(exc), retryable=True)
+if isinstance(exc, (ValueError, EngineBusyError)):
+    return ApiError(400, "bad_request", str(exc))
+if getattr(engine, "unhealthy", None):
+    return ApiError(503, "unhealthy", f"engine is unhealthy and refuses work until restarted: {engine.unhealthy}")
+log.error("engine call failed", exc_info=exc)
+return ApiError(500, "internal", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,15 @@
+# Checks the key only when one is presented: no key at all walks in.
+if self.api_key is not None and path not in OPEN_ROUTES:
+    key = None
+    auth = headers.get(b"authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() == b"bearer" and token.strip():
+            key = token.strip()
+    if key is None:
+        key = headers.get(b"x-api-key", b"").strip() or None
+    if key is not None and not hmac.compare_digest(key, self.api_key):
+        return ApiError(403, "forbidden", "wrong API key")
+if path in WEIGHT_ROUTES and not self.allow_weight_update:
+    return ApiError(403, "route_disabled", f"{path} is disabled: start the server with --allow-weight-update")
+return None
