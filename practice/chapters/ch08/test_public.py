@@ -4,6 +4,8 @@ ch08.step_sync: ``InProcessSync.sync`` in course_lib/rl/sync.py.
 ch08.token_weights: ``importance`` in course_lib/rl/corrections.py.
 Each case reports what it expected in words.
 """
+import math
+
 import pytest
 import torch
 
@@ -124,6 +126,14 @@ def test_token_weights__labels_are_compared_for_equality_only():
     then = {"step-9": torch.log(torch.tensor([0.8, 0.8])), "step-10": now}
     w = torch.as_tensor(importance(spans(("step-9", 1), ("step-10", 1)), "step-10", now, then, 2.0))
     assert torch.allclose(w, torch.tensor([0.5, 1.0])), f"step-9 is stale at step-10: expected [0.5, 1], got {w.tolist()}"
+
+
+@WEIGHTS
+def test_token_weights__a_nan_log_prob_weighs_0_and_an_infinite_ratio_is_truncated():
+    now = torch.log(torch.tensor([0.5, 0.5, 0.5]))
+    then = torch.tensor([float("nan"), float("-inf"), math.log(0.25)])
+    w = torch.as_tensor(importance(spans(("step-1", 3)), "step-2", now, {"step-1": then, "step-2": now}, 2.0))
+    assert torch.equal(w, torch.tensor([0.0, 2.0, 2.0])), f"expected [0 (NaN), 2 (inf, truncated), 2], got {w.tolist()}"
 
 
 @WEIGHTS
