@@ -128,6 +128,11 @@ def test_a_failed_update_still_continues_and_changes_nothing(tmp_path, rng, mode
     assert engine.weight_version == "step-0", f"{what}: a failed update changed the label to {engine.weight_version!r}"
     sync.sync(policy.named_tensors(), "step-1", pause_mode=mode)  # the next sync works
     assert not engine.paused and engine.weight_version == "step-1", f"{what}: the sync after it failed"
+    recorded = [p["mode"] for p in engine.pause_stats]
+    if mode is None:
+        assert set(recorded) <= {"none"}, f"{what}: no pause mode was given, yet the engine recorded pauses {recorded}"
+    else:
+        assert recorded[-2:] == [mode, mode], f"{what}: the engine recorded pauses {recorded}, not two in {mode}"
     outs = finish(engine, done)
     assert set(rids) <= set(outs), f"{what}: requests in flight never finished"
     ckpt = write_checkpoint(tmp_path / "trainer", task.POLICY_CONFIG, policy.checkpoint_tensors())
