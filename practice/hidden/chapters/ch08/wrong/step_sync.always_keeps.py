@@ -1,0 +1,16 @@
+# Pauses in keep whatever the trainer asked for: abort, wait and retract never happen.
+if not isinstance(version, str) or not version:
+    raise ValueError(f"the version label must be a non-empty string, got {version!r}")
+t0 = time.perf_counter()
+if pause_mode is not None:
+    self.engine.pause_generation("keep")
+phases = {"pause": 1e3 * (time.perf_counter() - t0)}
+try:
+    ms, nbytes = self._update(named_tensors, version)
+finally:
+    t1 = time.perf_counter()
+    if pause_mode is not None:
+        self.engine.continue_generation()
+_add(phases, ms)
+phases["continue"] = 1e3 * (time.perf_counter() - t1)
+return {"phases_ms": phases, "bytes": nbytes}

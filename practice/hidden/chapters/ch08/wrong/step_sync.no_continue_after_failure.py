@@ -1,0 +1,14 @@
+# Continues only when the update succeeded: a failed update leaves the engine paused for good.
+if not isinstance(version, str) or not version:
+    raise ValueError(f"the version label must be a non-empty string, got {version!r}")
+t0 = time.perf_counter()
+if pause_mode is not None:
+    self.engine.pause_generation(pause_mode)
+phases = {"pause": 1e3 * (time.perf_counter() - t0)}
+ms, nbytes = self._update(named_tensors, version)
+t1 = time.perf_counter()
+if pause_mode is not None:
+    self.engine.continue_generation()
+_add(phases, ms)
+phases["continue"] = 1e3 * (time.perf_counter() - t1)
+return {"phases_ms": phases, "bytes": nbytes}
