@@ -7,8 +7,17 @@ import torch
 from course_lib.weights.checkpoint import make_random, preset
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """GPU tests are reported as skipped on a machine without CUDA, never as passed."""
+    """GPU tests are reported as skipped on a machine without CUDA, never as passed.
+
+    Parallel runs (the README's ``pytest -n 2 --dist loadgroup``): a module's tests stay on
+    one worker, so its module fixtures (engines, servers, the student edition, the nbgrader
+    course) are built once; the notebooks, the longest tests and independent of each other,
+    spread over the workers one by one."""
+    for item in items:
+        if item.originalname != "test_notebook_executes":
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: run scripts/gpu_check.sh on a GPU machine")
