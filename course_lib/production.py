@@ -66,11 +66,12 @@ def first_divergence(expected: list[int], got: list[int]) -> int | None:
     Returns a plain ``int`` or None; reads the lists and never changes them.
     """
     # BEGIN EXERCISE ch09.first_divergence
-    for i, (a, b) in enumerate(zip(expected, got)):
-        if a != b:
-            return i
-    # zip stops at the shorter list: equal so far, so only the lengths can still differ
-    return None if len(expected) == len(got) else min(len(expected), len(got))
+    shared = min(len(expected), len(got))
+    for position in range(shared):
+        if expected[position] != got[position]:
+            return position
+    # Equal over the part both have: only the lengths can still differ.
+    return None if len(expected) == len(got) else shared
     # END EXERCISE
 
 

@@ -1,5 +1,6 @@
 # An answer cut short (or run long) counts as agreement: only the common part is compared.
-for i, (a, b) in enumerate(zip(expected, got)):
-    if a != b:
-        return i
+shared = min(len(expected), len(got))
+for position in range(shared):
+    if expected[position] != got[position]:
+        return position
 return None
