@@ -228,6 +228,8 @@ def test_a_bad_canary_is_rolled_back_from_host_memory(world):
         pytest.fail(f"{seed}: promote_or_rollback raised {type(exc).__name__}: {exc}")
     assert got["decision"] == "rolled_back", f"{seed}: a corrupted layer is rolled back, not {got['decision']!r}"
     assert got["agreement"] < 1.0 and got["reasons"], f"{seed}: the reasons say why ({got['reasons']})"
+    assert isinstance(got["comparison"], dict) and got["comparison"].get("agreement") == got["agreement"], \
+        f"{seed}: 'comparison' holds what compare returned ({got['comparison']!r})"
     assert_old_version_serves(w, before, before_addr, version)
     assert_hot_equals_cold(engine, w["v1"], w["prompts"][:2], max_new_tokens=4)
 
@@ -238,6 +240,9 @@ def test_a_good_canary_is_promoted_against_a_reference_engine(world):
     engine, seed = w["engine"], w["seed"]
     before_addr = addresses(engine)
     version = f"v2-{w['r'].randrange(1000)}"
+    # A request in flight: the update must pause generation first (the engine refuses otherwise).
+    engine.add_request(w["prompts"][0], {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True})
+    engine.step()
     got = production.promote_or_rollback(engine, w["v2"], w["prompts"], Engine(w["v2"]), version,
                                          max_new_tokens=w["n"])
     assert got["decision"] == "promoted" and got["reasons"] == [], \
