@@ -7,6 +7,9 @@
 - ``promote_or_rollback(engine, new_path, prompts, reference)``: update from disk keeping a
   host-memory snapshot of the old weights, check the canary (and optionally a quality
   metric), and roll back from the snapshot (no disk read) when a check fails.
+
+The comparison (``first_divergence``, ``compare_outputs``) and the policy
+(``promote_or_rollback``) are chapter 09's exercises; nothing before chapter 09 runs them.
 - ``Monitor``: per-request latency, per-batch throughput and output length, by weight
   version, across version changes; ``anomalies`` compares two versions, ``plot`` draws it.
 
@@ -19,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from course_lib.weights.update import UpdateError
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -49,27 +54,55 @@ def run_requests(target, prompts, sampling_params, retry_paused_s: float = 30.0)
 
 
 def first_divergence(expected: list[int], got: list[int]) -> int | None:
-    """The first position where ``got`` differs from ``expected``; None when they are equal.
-    When one is a strict prefix of the other, they diverge where the shorter one ends."""
-    for i, (a, b) in enumerate(zip(expected, got)):
-        if a != b:
-            return i
-    return None if len(expected) == len(got) else min(len(expected), len(got))
+    """The first position where ``got`` differs from ``expected``, or None when the two
+    lists are equal (two empty lists included: an empty answer where an empty answer was
+    expected agrees).
+
+    - a token differs at position ``k`` (and none before it): ``k``;
+    - one list is a strict prefix of the other (an answer cut short, or one that ran
+      on): they diverge where the shorter one ends, ``min(len(expected), len(got))``;
+      so an empty answer where tokens were expected diverges at 0.
+
+    Returns a plain ``int`` or None; reads the lists and never changes them.
+    """
+    # BEGIN EXERCISE ch09.first_divergence
+    shared = min(len(expected), len(got))
+    for position in range(shared):
+        if expected[position] != got[position]:
+            return position
+    # Equal over the part both have: only the lengths can still differ.
+    return None if len(expected) == len(got) else shared
+    # END EXERCISE
 
 
 def compare_outputs(expected: list[list[int]], got: list[list[int]]) -> dict:
-    """Token-by-token comparison of two output sets for the same requests:
-    ``first_divergence`` per request (None: identical), ``agreement`` (share of requests
-    that are identical) and ``matched_fraction`` (mean share of each expected output
-    reproduced before the first divergence)."""
+    """Token-by-token comparison of two output sets for the same requests, in the same
+    order (``expected[i]``: the answer request ``i`` should get; ``got[i]``: the answer it
+    got; each a list of token ids, possibly empty). Returns a dict:
+
+    - ``first_divergence``: one entry per request, ``first_divergence(expected[i], got[i])``
+      (None: identical; an answer cut short or run long diverges where the shorter ends);
+    - ``agreement``: the share of requests whose answers are identical (a float in [0, 1];
+      matching tokens after a divergence do not count, nor do equal lengths);
+    - ``matched_fraction``: the mean over requests of the share of ``expected[i]``
+      reproduced before the first divergence (1.0 for an identical answer, the empty one
+      included; 0.0 for a request that diverges at 0).
+
+    Raises ``ValueError`` naming both counts when the two lists have different lengths
+    (never compare only the common part), and ``ValueError`` for an empty request set (an
+    agreement of nothing is not 1.0). Reads its inputs and never changes them.
+    """
+    # BEGIN EXERCISE ch09.compare_outputs
     if len(expected) != len(got):
         raise ValueError(f"{len(expected)} expected outputs but {len(got)} outputs to check")
     if not expected:
         raise ValueError("nothing to compare: the request set is empty")
     firsts = [first_divergence(e, g) for e, g in zip(expected, got)]
-    matched = [1.0 if f is None else f / max(len(e), 1) for f, e in zip(firsts, expected)]
+    # An identical answer reproduced all of the expected one, however long (or empty) it is.
+    matched = [1.0 if f is None else f / len(e) if e else 0.0 for f, e in zip(firsts, expected)]
     return {"first_divergence": firsts, "agreement": sum(f is None for f in firsts) / len(firsts),
             "matched_fraction": sum(matched) / len(matched)}
+    # END EXERCISE
 
 
 @dataclass
@@ -131,26 +164,43 @@ def mean_nll(engine, sequences: list[list[int]]) -> float:
 
 
 # ---- the policy ---------------------------------------------------------------------------
+# Over 60 lines because its docstring is the whole specification a learner writes it from.
 def promote_or_rollback(engine, new_path, prompts, reference, weight_version: str | None = None,
                         min_agreement: float = 1.0, quality=None, min_quality: float | None = None,
-                        max_new_tokens: int = 16, compare=compare_outputs, pause_mode: str = "retract") -> dict:
+                        max_new_tokens: int = 16, compare=compare_outputs, pause_mode: str = "retract",
+                        partial: bool = False) -> dict:
     """Move ``engine`` to the checkpoint at ``new_path`` and keep it only if it passes.
 
-    1. pause (``pause_mode``), update from disk with ``keep_snapshot=True`` (the old weights
-       stay in host memory) and a flushed prefix cache, continue. A checkpoint that fails
-       validation changes nothing: the decision is ``"rejected"``.
-    2. the canary: greedy outputs of ``prompts`` compared with ``reference`` (stored token
-       lists, or an Engine / EngineClient serving the intended version) by
-       ``compare``; its ``agreement`` must reach ``min_agreement``. If ``quality`` is given,
-       ``quality(engine)`` (higher is better) must reach ``min_quality``.
-    3. on a failed check: pause, ``engine.rollback()`` (bitwise the old weights and version,
-       from the snapshot, no disk read), continue: ``"rolled_back"``. Else ``"promoted"``.
+    0. ``min_quality`` without ``quality``: ``ValueError`` before anything changes. The
+       expected outputs, ``greedy_outputs(reference, prompts, max_new_tokens)``, are taken
+       first (``reference``: stored token lists, or an Engine / EngineClient serving the
+       intended version; never the engine under test, whose old answers are not the new
+       version's).
+    1. ``engine.pause_generation(pause_mode)``, then ``engine.update_weights_from_disk(
+       new_path, weight_version=weight_version, keep_snapshot=True, partial=partial)``:
+       the engine first copies the serving weights into host memory (the snapshot), and
+       the prefix cache is flushed. An ``UpdateError`` (a checkpoint that does not fit,
+       NaN or infinite values found while streaming: the engine has already put back any
+       layer it wrote) means the old weights still serve: decision ``"rejected"``, reason
+       ``"update refused: <error>"``. Whatever happens, the engine is not left paused:
+       ``engine.continue_generation()`` runs on every way out of this step.
+    2. The canary, on the serving engine: ``comparison = compare(expected,
+       greedy_outputs(engine, prompts, max_new_tokens))``; ``comparison["agreement"]``
+       below ``min_agreement`` is a reason to roll back. If ``quality`` is given,
+       ``quality(engine)`` (higher is better) below ``min_quality`` is another.
+    3. Any reason: ``rollback_now(engine, pause_mode)``, which copies the snapshot back in
+       place (bitwise the old weights and version label, no disk read, no address
+       moves) and leaves the engine serving: ``"rolled_back"``. No reason: ``"promoted"``
+       (the engine keeps serving the new version, labelled ``weight_version``, and keeps
+       the snapshot for a later rollback).
 
-    The engine serves between steps 1 and 3: that is what a canary instance does. Returns
-    the decision, the reasons, the measurements and the update's (and rollback's) results.
+    Returns a dict: ``decision`` (``"promoted"``, ``"rolled_back"`` or ``"rejected"``),
+    ``reasons`` (list of strings, empty when promoted), ``agreement`` (float, or None if
+    rejected), ``quality`` (float or None), ``comparison`` (what ``compare`` returned, or
+    None), ``update`` (the update's result, None if rejected) and ``rollback`` (the
+    rollback's result, or None).
     """
-    from course_lib.weights.update import UpdateError
-
+    # BEGIN EXERCISE ch09.rollback
     if min_quality is not None and quality is None:
         raise ValueError("min_quality needs a quality function")
     expected = greedy_outputs(reference, prompts, max_new_tokens)  # before anything changes
@@ -159,11 +209,11 @@ def promote_or_rollback(engine, new_path, prompts, reference, weight_version: st
     engine.pause_generation(pause_mode)
     try:
         result["update"] = engine.update_weights_from_disk(new_path, weight_version=weight_version,
-                                                           keep_snapshot=True)
-    except UpdateError as exc:  # validated before any write: the old weights still serve
+                                                           keep_snapshot=True, partial=partial)
+    except UpdateError as exc:  # validated before any write, or put back: the old weights serve
         result.update(decision="rejected", reasons=[f"update refused: {exc}"])
         return result
-    finally:
+    finally:  # a paused engine serves nobody: continue on every way out, errors included
         engine.continue_generation()
 
     got = greedy_outputs(engine, prompts, max_new_tokens)
@@ -177,11 +227,12 @@ def promote_or_rollback(engine, new_path, prompts, reference, weight_version: st
         if result["quality"] < min_quality:
             result["reasons"].append(f"quality {result['quality']:.4f} is below {min_quality:.4f}")
     if result["reasons"]:
-        result["rollback"] = rollback_now(engine, pause_mode)
+        result["rollback"] = rollback_now(engine, pause_mode)  # from host memory: no disk read
         result["decision"] = "rolled_back"
     else:
         result["decision"] = "promoted"
     return result
+    # END EXERCISE
 
 
 def rollback_now(engine, pause_mode: str = "retract") -> dict:

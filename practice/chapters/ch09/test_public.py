@@ -1,0 +1,121 @@
+"""Public tests for chapter 09's exercises (run them: python practice/judge.py test ch09).
+
+ch09.first_divergence: ``first_divergence`` in course_lib/production.py.
+ch09.compare_outputs: ``compare_outputs`` in course_lib/production.py.
+ch09.rollback: ``promote_or_rollback`` in course_lib/production.py.
+Each case reports what it expected in words.
+"""
+import pytest
+import torch
+
+from course_lib import Engine
+from course_lib import production
+from course_lib.testing import assert_hot_equals_cold
+from course_lib.weights.audit import kernel_tensors
+from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, write_checkpoint
+
+FIRST, COMPARE, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}") for n in ("first_divergence", "compare_outputs", "rollback"))
+PROMPTS = ["canary one", "a second fixed request", "three", "the fourth request of the set"]
+
+
+# ---- ch09.first_divergence ----------------------------------------------------------------
+
+@FIRST
+def test_first_divergence__identical_answers_give_none():
+    assert production.first_divergence([4, 5, 6], [4, 5, 6]) is None, "identical answers: None"
+    assert production.first_divergence([], []) is None, "two empty answers are identical: None, not 0"
+
+
+@FIRST
+def test_first_divergence__the_first_differing_token():
+    assert production.first_divergence([1, 2, 3, 4], [1, 2, 9, 4]) == 2, "token 2 differs first: 2"
+    assert production.first_divergence([1, 2, 3], [7, 2, 9]) == 0, "token 0 differs first: 0"
+
+
+@FIRST
+def test_first_divergence__cut_short_run_long_and_empty():
+    assert production.first_divergence([1, 2, 3], [1, 2]) == 2, "an answer cut short diverges where it ends: 2"
+    assert production.first_divergence([1, 2], [1, 2, 3]) == 2, "an answer that ran on diverges at 2"
+    assert production.first_divergence([5, 6], []) == 0, "an empty answer where tokens were expected: 0"
+
+
+# ---- ch09.compare_outputs -----------------------------------------------------------------
+
+@COMPARE
+def test_compare_outputs__per_request_and_overall():
+    got = production.compare_outputs([[1, 2, 3, 4], [5, 6], [7], [1, 1]], [[1, 2, 0, 4], [5, 6], [8], [1, 1, 1]])
+    assert got["first_divergence"] == [2, None, 0, 2], "first divergences [2, None, 0, 2]"
+    assert got["agreement"] == pytest.approx(1 / 4), "one request of four is identical: agreement 0.25"
+    assert got["matched_fraction"] == pytest.approx((0.5 + 1 + 0 + 1) / 4), \
+        "matched_fraction: mean share of each expected answer reproduced before it diverged"
+
+
+@COMPARE
+def test_compare_outputs__same_length_is_not_agreement():
+    got = production.compare_outputs([[1, 2, 3], [4, 5]], [[3, 2, 1], [4, 5]])
+    assert got["agreement"] == pytest.approx(0.5), "answers of the right length but other tokens do not agree"
+
+
+@COMPARE
+def test_compare_outputs__empty_answers():
+    got = production.compare_outputs([[], [3, 4]], [[], []])
+    assert got["first_divergence"] == [None, 0], "empty vs empty agrees (None); empty vs [3, 4] diverges at 0"
+    assert got["agreement"] == pytest.approx(0.5) and got["matched_fraction"] == pytest.approx(0.5)
+
+
+@COMPARE
+def test_compare_outputs__refuses_mismatched_or_empty_sets():
+    with pytest.raises(ValueError):
+        production.compare_outputs([[1], [2]], [[1]])  # a missing answer is not "the common part agrees"
+    with pytest.raises(ValueError):
+        production.compare_outputs([], [])
+
+
+# ---- ch09.rollback ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ch09")
+    old, new = make_random(root / "old", "tiny", seed=11), make_random(root / "new", "tiny", seed=12)
+    reader = CheckpointReader(new)
+    tensors = dict(reader.iter_tensors())
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = torch.randn(tensors[name].shape, generator=torch.Generator().manual_seed(3)) * tensors[name].std()
+    bad = write_checkpoint(root / "bad", reader.config, tensors)
+    return {"old": old, "new": new, "bad": bad, "reference": production.greedy_outputs(Engine(new), PROMPTS, 10)}
+
+
+def weights(engine):
+    return {n: t.clone() for n, t in kernel_tensors(engine.model).items()}
+
+
+@ROLLBACK
+def test_rollback__a_bad_version_is_rolled_back(ckpts):
+    engine = Engine(ckpts["old"])
+    before = weights(engine)
+    got = production.promote_or_rollback(engine, ckpts["bad"], PROMPTS, ckpts["reference"], "v2", max_new_tokens=10)
+    assert got["decision"] == "rolled_back", f"a corrupted layer is rolled back, not {got['decision']!r}"
+    assert not engine.paused, "the engine serves again after the rollback (not paused)"
+    assert engine.weight_version == "default", "the old version label is back"
+    assert all(torch.equal(before[n], t) for n, t in weights(engine).items()), "bitwise the old weights"
+    assert_hot_equals_cold(engine, ckpts["old"], PROMPTS[:2], max_new_tokens=4)
+
+
+@ROLLBACK
+def test_rollback__a_good_version_is_promoted(ckpts):
+    engine = Engine(ckpts["old"])
+    got = production.promote_or_rollback(engine, ckpts["new"], PROMPTS, ckpts["reference"], "v2", max_new_tokens=10)
+    assert got["decision"] == "promoted" and got["agreement"] == 1.0, \
+        f"the intended version is promoted with agreement 1.0, not {got['decision']!r} {got['reasons']}"
+    assert engine.weight_version == "v2" and not engine.paused, "serving v2, not paused"
+    assert_hot_equals_cold(engine, ckpts["new"], PROMPTS[:2], max_new_tokens=4)
+
+
+@ROLLBACK
+def test_rollback__a_refused_checkpoint_leaves_the_engine_serving(ckpts, tmp_path):
+    engine = Engine(ckpts["old"])
+    wrong = make_random(tmp_path / "wrong", preset("tiny", hidden_size=32, head_dim=8), seed=13)
+    got = production.promote_or_rollback(engine, wrong, PROMPTS, ckpts["reference"], "v2", max_new_tokens=10)
+    assert got["decision"] == "rejected", f"a checkpoint of another shape is rejected, not {got['decision']!r}"
+    assert not engine.paused, "a refused update must not leave the engine paused"
+    assert engine.weight_version == "default"
