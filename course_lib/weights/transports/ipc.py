@@ -24,10 +24,12 @@ DEFAULT_BUCKET_BYTES = 256 << 20
 
 def group_into_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
                        ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of tensors of about ``bucket_bytes`` each (a larger tensor goes alone)."""
+    """Consecutive groups of tensors whose packed bucket fits ``bucket_bytes`` (a larger
+    tensor goes alone). Each tensor counts with its alignment padding, so a group of many
+    small tensors still fits the sender's reused buffers."""
     group, size = [], 0
     for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
+        nbytes = -(-t.numel() * t.element_size() // bucket.ALIGN) * bucket.ALIGN
         if group and size + nbytes > bucket_bytes:
             yield group
             group, size = [], 0
