@@ -190,8 +190,8 @@ def test_ipc_sender__a_released_buffer_carries_the_new_bytes():
 
 @SENDER
 def test_ipc_sender__a_tensor_bigger_than_a_bucket_travels_alone():
-    tensors = [("small", torch.ones(8)), ("big", torch.arange(400.0)), ("tail", torch.zeros(8))]
-    sender = BucketSender(bucket_bytes=256, num_buffers=2)
+    tensors = numbered(8, size=32) + [("big", torch.arange(400.0)), ("tail", torch.zeros(8))]
+    sender = BucketSender(bucket_bytes=512, num_buffers=2)  # two buckets of four fill both buffers first
     got = []
     for receipt, payload in sender.payloads(tensors):
         got += [(n, t.clone()) for n, t in decode(payload)]

@@ -270,7 +270,8 @@ def test_sender_holds_every_unacknowledged_bucket_intact_over_rounds(rng):
     sender = BucketSender(bucket_bytes=r.choice([512, 800, 1024]), num_buffers=num_buffers)
     for round_ in range(3):  # later rounds reuse the same buffers with new bytes
         pairs = sender_tensors(r, r.randint(8, 16))
-        assert_same(drive(sender, pairs, seed, num_buffers), pairs, seed, f"round {round_}")
+        in_flight = r.choice([1, num_buffers]) if round_ else 1  # 1: each bucket acknowledged at once
+        assert_same(drive(sender, pairs, seed, in_flight), pairs, seed, f"round {round_}, {in_flight} in flight")
         assert sender.num_alive == 0, f"{seed}: every released bucket is let go"
 
 
@@ -298,9 +299,11 @@ def test_sender_refuses_a_bucket_more_than_it_has_buffers_and_spoils_none(rng):
 def test_a_tensor_bigger_than_a_bucket_travels_alone_between_reused_buffers(rng):
     r, seed = rng
     sender = BucketSender(bucket_bytes=512, num_buffers=2)
-    pairs = sender_tensors(r, 6)
-    pairs.insert(r.randint(1, 5), ("huge", torch.randn(r.randint(200, 400))))
-    assert_same(drive(sender, pairs, seed, 2), pairs, seed, "buckets around an oversized tensor")
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    pairs = [(f"w{i}", torch.randn(r.randint(25, 32), generator=gen)) for i in range(14)]  # 4 per bucket
+    # after both buffers were made for ordinary buckets: the big one must not go into either
+    pairs.insert(r.randint(8, 13), ("huge", torch.randn(r.randint(200, 400), generator=gen)))
+    assert_same(drive(sender, pairs, seed, r.choice([1, 2])), pairs, seed, "buckets around an oversized tensor")
 
 
 def ipc_update(engine, path, device, bucket_bytes):
@@ -360,7 +363,9 @@ def sender_thread(port, buckets, errors):
 def test_receive_random_buckets_each_into_its_own_buffer(rng):
     r, seed = rng
     buckets = [random_pairs(r) for _ in range(3)]
-    buckets.insert(r.randint(0, 3), [])
+    buckets.insert(r.randint(1, 3), [(n, t.clone().random_() if t.dtype != torch.bool else ~t)
+                                     for n, t in buckets[0]])  # the same layout again, new bytes
+    buckets.insert(r.randint(0, 4), [])
     port, errors = dist.free_port(), []
     thread = sender_thread(port, buckets, errors)
     group, _ = dist.new_group("127.0.0.1", port, 1, 2, "hidden", "gloo", timeout_s=30)
