@@ -162,13 +162,20 @@ def test_a_tensor_with_the_right_count_and_the_wrong_shape_is_refused_whole(tmp_
 
 # ---- ch05.validate_bucket -----------------------------------------------------------------
 
-def corrupt(r, meta, n):
-    """One entry made wrong in one random way; returns (metadata, name, what was done)."""
+KINDS = ["overrun", "start past end", "negative start", "shape", "span", "misaligned", "twice"]
+
+
+def corrupt(r, meta, n, kind=None):
+    """One entry made wrong in one way (random unless ``kind``); returns (metadata, name, kind)."""
     meta = list(meta)
-    k = r.randrange(len(meta))
+    kind = kind or r.choice(KINDS)
+    wide = [i for i, m in enumerate(meta) if m.dtype.itemsize > 1 and m.numel > 1]
+    if kind in ("misaligned", "span") and wide:  # where a dtype's size matters
+        k = r.choice(wide)
+    else:
+        k = r.randrange(len(meta))
     m = meta[k]
     size = m.dtype.itemsize
-    kind = r.choice(["overrun", "start past end", "negative start", "shape", "span", "misaligned", "twice"])
     if kind == "misaligned" and size == 1 or kind == "twice" and len(meta) < 2:
         kind = "overrun"
     if kind == "overrun":
@@ -194,7 +201,9 @@ def corrupt(r, meta, n):
 
 def nonempty_pairs(r):
     pairs = [(n, t) for n, t in random_pairs(r) if t.numel()]
-    return pairs or [("only", torch.randn(3))]
+    if not any(t.element_size() > 1 and t.numel() > 1 for _, t in pairs):
+        pairs.insert(r.randint(0, len(pairs)), ("wide", torch.randn(r.randint(2, 9))))
+    return pairs
 
 
 @VALIDATE
@@ -204,13 +213,15 @@ def test_validate_accepts_good_and_empty_buckets_and_refuses_each_corruption(rng
     bucket.validate(torch.empty(r.randint(0, 64), dtype=torch.uint8), [])
     sglang = bucket.pack_sglang([(f"s{i}", torch.randn(r.randint(1, 9))) for i in range(3)])
     bucket.validate(sglang["flattened_tensor"], sglang["metadata"])
-    for _ in range(12):
+    kinds = KINDS + [r.choice(KINDS) for _ in range(5)]  # every kind at least once
+    r.shuffle(kinds)
+    for kind in kinds:
         pairs = nonempty_pairs(r)
         want, end = expected_layout(pairs)
         flat = torch.empty(end + r.choice([0, 0, 16]), dtype=torch.uint8).random_()
         meta = [FlattenedTensorMetadata(n, torch.Size(s), d, a, b, k) for n, s, d, a, b, k in want]
         bucket.validate(flat, meta)
-        bad, name, kind = corrupt(r, meta, flat.numel())
+        bad, name, kind = corrupt(r, meta, flat.numel(), kind)
         copy = flat.clone()
         with pytest.raises(BucketError, match=name.replace(".", r"\.")):
             bucket.validate(flat, bad)
