@@ -45,15 +45,15 @@ def _numel(shape) -> int:
 
 def layout(names, dtypes, shapes) -> list[FlattenedTensorMetadata]:
     """Byte offsets of each tensor in a byte-layout bucket (each start 16-byte aligned).
-    Sender and receiver both derive the layout from names, dtypes and shapes alone."""
-    meta, offset = [], 0
-    for name, dtype, shape in zip(names, dtypes, shapes):
-        offset = -(-offset // ALIGN) * ALIGN
-        numel = _numel(shape)
-        nbytes = numel * dtype.itemsize
-        meta.append(FlattenedTensorMetadata(name, torch.Size(shape), dtype, offset, offset + nbytes, numel))
-        offset += nbytes
-    return meta
+
+    Sender and receiver both derive the layout from names, dtypes and shapes alone. It is
+    ``pack``'s own layout: ``pack`` run on meta tensors (no memory, no copies), so a
+    receiver never disagrees with the sender about where a tensor starts."""
+    names, dtypes, shapes = list(names), list(dtypes), list(shapes)
+    if not len(names) == len(dtypes) == len(shapes):
+        raise BucketError(f"{len(names)} names, {len(dtypes)} dtypes and {len(shapes)} shapes: one each per tensor")
+    ghosts = [(n, torch.empty(tuple(s), dtype=d, device="meta")) for n, d, s in zip(names, dtypes, shapes)]
+    return pack(ghosts, device="meta")["metadata"]
 
 
 def bucket_nbytes(named_tensors) -> int:
@@ -69,23 +69,45 @@ def _columns(named_tensors):
 
 
 def pack(named_tensors, out: torch.Tensor | None = None, device=None) -> dict:
-    """Pack (name, tensor) pairs into a byte-layout bucket: {"flattened_tensor", "metadata"}.
+    """Pack (name, tensor) pairs into a byte-layout bucket: ``{"flattened_tensor", "metadata"}``.
 
-    ``out`` (a uint8 buffer at least ``bucket_nbytes`` long) is reused when given, so a
-    sender can cycle through a fixed set of buffers instead of allocating per bucket.
+    The layout, in the order given: each tensor's bytes start at the first multiple of
+    ``ALIGN`` (16) at or after the end of the previous tensor's bytes (the first at byte 0)
+    and take ``numel * element_size`` bytes (an empty tensor takes none). Its metadata entry
+    is ``FlattenedTensorMetadata(name, torch.Size(shape), dtype, start_idx, end_idx,
+    numel)`` with offsets in bytes: the tensor's real shape, never a flattened one. The
+    bucket needs as many bytes as the last tensor's ``end_idx`` (0 for no tensors).
+
+    Each tensor is copied once, in row-major order, into its slot (a tensor on another
+    device is copied across). ``out``, when given, is a sender's buffer reused bucket after
+    bucket: a 1-D ``uint8`` tensor at least that long, written in place; the returned
+    ``flattened_tensor`` is then ``out`` itself when exactly that long, else a view of its
+    first bytes (never a new allocation). Without ``out``, a new ``uint8`` buffer of exactly
+    that length is made on ``device`` (default: the first tensor's device, else ``"cpu"``).
+    Padding bytes between slots hold anything.
+
+    Errors, raised before anything is written: ``out`` that is not a 1-D uint8 tensor or
+    is too short: ``BucketError`` naming its size and the bytes needed.
     """
+    # BEGIN EXERCISE ch05.pack_bucket
     named_tensors = list(named_tensors)
-    need = bucket_nbytes(named_tensors)
+    meta, offset = [], 0
+    for name, t in named_tensors:
+        offset = -(-offset // ALIGN) * ALIGN  # round up: every dtype view of the buffer stays aligned
+        nbytes = t.numel() * t.element_size()
+        meta.append(FlattenedTensorMetadata(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, t.numel()))
+        offset += nbytes
+    need = offset
     if out is None:
         device = device or (named_tensors[0][1].device if named_tensors else "cpu")
         out = torch.empty(need, dtype=torch.uint8, device=device)
     elif out.dtype != torch.uint8 or out.dim() != 1 or out.numel() < need:
         raise BucketError(f"buffer of {out.numel()} {out.dtype} elements cannot hold {need} bytes")
-    meta = layout(*_columns(named_tensors))
     for m, (_, t) in zip(meta, named_tensors):
         # The one copy: the tensor's bytes into its slot (reshape(-1) avoids a copy when contiguous).
         out[m.start_idx:m.end_idx].copy_(t.reshape(-1).view(torch.uint8))
     return {"flattened_tensor": out[:need] if need < out.numel() else out, "metadata": meta}
+    # END EXERCISE
 
 
 DEVICES = ("cpu", "cuda")
@@ -109,7 +131,21 @@ def _check_fields(m) -> None:
 
 
 def validate(flat: torch.Tensor, metadata) -> None:
-    """Check every entry fits the buffer and agrees with itself; raise BucketError naming it."""
+    """Check a whole bucket before anything reads it; raise ``BucketError`` naming the entry.
+
+    A receiver calls this on what another process sent, before taking a single view, so a
+    bucket with one bad entry is refused whole and nothing is read outside the buffer.
+    ``flat`` must be a 1-D tensor on a device in ``DEVICES``; ``metadata`` a list (or
+    tuple) of ``FlattenedTensorMetadata`` (``_check_fields`` checks each entry's types).
+    For every entry: its name appears once in the bucket; ``numel`` equals the product of
+    ``shape``; ``0 <= start_idx <= end_idx <= flat.numel()``. Then, when ``flat`` is
+    ``uint8`` (the byte layout, offsets in bytes) and the entry's dtype is not ``uint8``:
+    ``end_idx - start_idx == numel * dtype.itemsize`` and ``start_idx`` is a multiple of
+    ``dtype.itemsize``; otherwise (SGLang's layout, offsets in elements of ``flat``):
+    ``end_idx - start_idx == numel``. An empty metadata list is a valid (empty) bucket.
+    Returns None; never changes ``flat``.
+    """
+    # BEGIN EXERCISE ch05.validate_bucket
     if not isinstance(flat, torch.Tensor) or flat.dim() != 1:
         raise BucketError("flattened_tensor must be a 1-D tensor")
     if flat.device.type not in DEVICES:
@@ -118,8 +154,12 @@ def validate(flat: torch.Tensor, metadata) -> None:
         raise BucketError(f"metadata must be a list, got {type(metadata).__name__}")
     n = flat.numel()
     byte_layout = flat.dtype == torch.uint8
+    seen = set()
     for m in metadata:
         _check_fields(m)
+        if m.name in seen:  # two entries for one weight: which one wins would be an accident
+            raise BucketError(f"{m.name}: appears more than once in the bucket")
+        seen.add(m.name)
         if _numel(m.shape) != m.numel:
             raise BucketError(f"{m.name}: numel {m.numel} does not match shape {tuple(m.shape)}")
         if not (0 <= m.start_idx <= m.end_idx <= n):
@@ -132,6 +172,7 @@ def validate(flat: torch.Tensor, metadata) -> None:
                 raise BucketError(f"{m.name}: start offset {m.start_idx} is not aligned to {m.dtype}")
         elif span != m.numel:
             raise BucketError(f"{m.name}: {span} elements for numel {m.numel}")
+    # END EXERCISE
 
 
 def unpack(bucket: dict) -> list[tuple[str, torch.Tensor]]:

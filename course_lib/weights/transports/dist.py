@@ -140,11 +140,34 @@ class WeightBroadcaster:
 
 
 def receive_bucket(group, names, dtypes, shapes, device) -> list[tuple[str, torch.Tensor]]:
-    """The engine's end of one bucket: allocate, receive from rank 0, unpack (views)."""
-    dtypes = [getattr(torch, d.removeprefix("torch.")) if isinstance(d, str) else d for d in dtypes]
+    """The engine's end of one broadcast bucket: (name, tensor) views of the bytes rank 0 sent.
+
+    ``names``, ``dtypes`` and ``shapes`` are what the trainer announced for this bucket
+    (``describe``): one each per tensor, in the sender's order; a dtype is a
+    ``torch.dtype`` or its name with or without ``"torch."`` (``"bfloat16"``); a shape is
+    a list of non-negative ints. Check all of that first and raise ``ValueError`` naming
+    what is wrong, before joining the broadcast. Then derive the sender's byte layout with
+    ``bucket.layout`` (both ends agree on it: a buffer of another length breaks the
+    collective), receive into a NEW ``uint8`` buffer of exactly the layout's length on
+    ``device`` with ``broadcast_async(group, buffer).wait()`` (root 0), and return
+    ``bucket.unpack`` of it: validated views into that buffer. Each call has a buffer of
+    its own: the caller may still hold the views of an earlier bucket. An empty bucket
+    still takes part in the (zero-byte) broadcast and returns ``[]``.
+    """
+    # BEGIN EXERCISE ch05.receive_broadcast
     if not (len(names) == len(dtypes) == len(shapes)):
         raise ValueError("names, dtypes and shapes must have the same length")
-    meta = bucket.layout(names, dtypes, shapes)
+    parsed = []
+    for name, d, shape in zip(names, dtypes, shapes):
+        if isinstance(d, str):
+            d = getattr(torch, d.removeprefix("torch."), None)
+        if not isinstance(d, torch.dtype):
+            raise ValueError(f"{name}: dtype {dtypes[len(parsed)]!r} is not a torch dtype")
+        if not all(type(s) is int and s >= 0 for s in shape):
+            raise ValueError(f"{name}: shape {shape!r} is not a list of non-negative integers")
+        parsed.append(d)
+    meta = bucket.layout(names, parsed, shapes)
     flat = torch.empty(meta[-1].end_idx if meta else 0, dtype=torch.uint8, device=device)
     broadcast_async(group, flat).wait()
     return bucket.unpack({"flattened_tensor": flat, "metadata": meta})
+    # END EXERCISE

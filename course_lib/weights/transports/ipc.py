@@ -24,10 +24,12 @@ DEFAULT_BUCKET_BYTES = 256 << 20
 
 def group_into_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
                        ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of tensors of about ``bucket_bytes`` each (a larger tensor goes alone)."""
+    """Consecutive groups of tensors whose packed bucket fits ``bucket_bytes`` (a larger
+    tensor goes alone). Each tensor counts with its alignment padding, so a group of many
+    small tensors still fits the sender's reused buffers."""
     group, size = [], 0
     for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
+        nbytes = -(-t.numel() * t.element_size() // bucket.ALIGN) * bucket.ALIGN
         if group and size + nbytes > bucket_bytes:
             yield group
             group, size = [], 0
@@ -63,7 +65,24 @@ class BucketSender:
 
     def payloads(self, named_tensors) -> Iterator[tuple[int, str]]:
         """(receipt, base64 payload) per bucket; payloads are ``load_format="flattened_bucket"``.
-        Raises if a buffer is needed again before its bucket was released."""
+
+        Tensors are grouped with ``group_into_buckets(named_tensors, self.bucket_bytes)``.
+        Bucket receipts count 0, 1, 2, ... over the sender's life, and bucket ``r`` goes
+        into buffer slot ``r % self.num_buffers``. Before anything is packed, that slot must
+        be free: if a bucket still in flight (yielded, not yet ``release``d) holds it, raise
+        ``RuntimeError`` saying so, and write nothing (the engine may still be reading it).
+        A bucket of ``bucket.bucket_nbytes(group)`` bytes up to ``self.bucket_bytes`` is
+        packed with ``bucket.pack(group, out=...)`` into the slot's buffer
+        (``self._buffer(slot, need, device)``, made once and then reused) and recorded in
+        ``self._in_use[receipt] = slot``; a larger one (one tensor bigger than a bucket)
+        gets a buffer of its own (``bucket.pack(group, device=device)``), recorded in
+        ``self._oversize[receipt]`` so it stays alive until released. ``device`` is
+        ``self.device``, else the group's first tensor's device. On a GPU, synchronize the
+        current stream after packing, so the bytes are there before the engine reads them.
+        Record the bucket before yielding ``(receipt, safe_pickle.serialize(packed))``: the
+        caller may ``release`` it before asking for the next one.
+        """
+        # BEGIN EXERCISE ch05.ipc_sender
         for group in group_into_buckets(named_tensors, self.bucket_bytes):
             receipt, self._next = self._next, self._next + 1
             slot = receipt % self.num_buffers
@@ -81,6 +100,7 @@ class BucketSender:
             if is_cuda(device):
                 torch.cuda.current_stream().synchronize()  # the bytes are there before the engine reads
             yield receipt, safe_pickle.serialize(packed)
+        # END EXERCISE
 
     def release(self, receipt: int) -> None:
         """The engine acknowledged this bucket: its buffer may be reused (or freed)."""

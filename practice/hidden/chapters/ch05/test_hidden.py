@@ -1,0 +1,439 @@
+"""Hidden tests for chapter 05: buckets, their validation, the IPC sender and the broadcast
+receiver, inside the real engine.
+
+Fresh random tensors, layouts, corruptions and checkpoints each run (the seed is in every
+message). Expected layouts are computed here from the rules, never read back from the
+code under test; the sender is checked by decoding its payloads here, holding them as an
+engine does until it acknowledges them, and reading them again just before the release.
+"""
+import multiprocessing as mp
+import os
+import queue
+import random
+import threading
+
+import pytest
+import torch
+
+from course_lib import Engine
+from course_lib.testing import assert_hot_equals_cold
+from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.bucket import BucketError, FlattenedTensorMetadata
+from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
+from course_lib.weights.transports import dist, trainer
+from course_lib.weights.transports.ipc import BucketSender
+
+PACK, VALIDATE, SENDER, RECEIVE = (pytest.mark.exercise(f"ch05.{n}") for n in
+                                   ("pack_bucket", "validate_bucket", "ipc_sender", "receive_broadcast"))
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.uint8, torch.float64,
+          torch.bool, torch.int32]
+PROMPTS = ["moving the bytes", "a second prompt, a little longer"]
+CTX = mp.get_context("spawn")  # a forked child would inherit torch's thread pools and can hang
+
+
+@pytest.fixture
+def rng():
+    seed = int.from_bytes(os.urandom(4), "little")
+    return random.Random(seed), f"seed {seed}"
+
+
+def random_pairs(r, n=None):
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    pairs = []
+    for i in range(n if n is not None else r.randint(3, 9)):
+        dtype = r.choice(DTYPES)
+        shape = tuple(r.choice([0, 1, 3, 5, 7, 16]) if r.random() < 0.2 else r.randint(1, 9)
+                      for _ in range(r.randint(0, 3)))
+        t = (torch.randn(shape, generator=gen) * 50).to(dtype)
+        if r.random() < 0.2 and t.dim() == 2:
+            t = t.t()  # not contiguous: packed in row-major order all the same
+        pairs.append((f"t{i}.{str(dtype).split('.')[-1]}", t))
+    return pairs
+
+
+def expected_layout(pairs):
+    out, end = [], 0
+    for name, t in pairs:
+        start = -(-end // 16) * 16
+        end = start + t.numel() * t.element_size()
+        out.append((name, tuple(t.shape), t.dtype, start, end, t.numel()))
+    return out, end
+
+
+def as_bytes(t):
+    return t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def assert_same(got, want, seed, what):
+    got = list(got)
+    assert [n for n, _ in got] == [n for n, _ in want], f"{seed}: {what}: names {[n for n, _ in got]}"
+    for (n, u), (_, t) in zip(got, want):
+        assert u.dtype == t.dtype and u.shape == t.shape, \
+            f"{seed}: {what}: {n} came back {tuple(u.shape)} {u.dtype}, sent {tuple(t.shape)} {t.dtype}"
+        assert torch.equal(as_bytes(u), as_bytes(t)), f"{seed}: {what}: {n} came back with other bytes"
+
+
+def checkpoints(tmp_path, r, n=2):
+    config = preset("tiny", hidden_size=r.choice([48, 64]), num_hidden_layers=r.choice([2, 3]),
+                    tie_word_embeddings=r.random() < 0.5)
+    return [write_checkpoint(tmp_path / f"v{i}", config, random_state_dict(config, r.randrange(10_000)))
+            for i in range(n)]
+
+
+def model_state(engine):
+    return {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+
+def assert_unchanged(engine, before, seed, why):
+    for k, v in engine.model.state_dict().items():
+        assert torch.equal(v, before[k]), f"{seed}: {why} must change nothing, but {k} changed"
+
+
+# ---- ch05.pack_bucket ---------------------------------------------------------------------
+
+@PACK
+def test_pack_lays_out_random_mixes_by_the_rules(rng):
+    r, seed = rng
+    for _ in range(6):
+        pairs = random_pairs(r)
+        packed = bucket.pack(pairs)
+        flat, meta = packed["flattened_tensor"], list(packed["metadata"])
+        want, end = expected_layout(pairs)
+        got = [(m.name, tuple(m.shape), m.dtype, m.start_idx, m.end_idx, m.numel) for m in meta]
+        assert got == want, f"{seed}: the metadata is (name, real shape, dtype, 16-byte aligned start, end, numel)"
+        assert flat.dtype == torch.uint8 and flat.shape == (end,), f"{seed}: the buffer is {end} uint8 bytes"
+        for (name, t), (_, _, _, start, stop, _) in zip(pairs, want):
+            assert torch.equal(flat[start:stop], as_bytes(t)), f"{seed}: {name}'s slot holds its bytes in row-major order"
+        assert_same(bucket.unpack(packed), pairs, seed, "the engine's reader on your bucket")
+
+
+@PACK
+def test_pack_reuses_a_buffer_with_new_bytes_and_refuses_a_short_one(rng):
+    r, seed = rng
+    out = torch.empty(1 << 14, dtype=torch.uint8).random_()
+    for round_ in range(3):
+        pairs = random_pairs(r)
+        packed = bucket.pack(pairs, out=out)
+        assert packed["flattened_tensor"].data_ptr() == out.data_ptr(), \
+            f"{seed}: round {round_}: the bucket lives in the given buffer (no new allocation)"
+        assert_same(bucket.unpack(packed), pairs, seed, f"round {round_} in a reused buffer")
+    pairs = random_pairs(r, 4)
+    _, need = expected_layout(pairs)
+    short = torch.full((max(need - r.randint(1, 16), 0),), 7, dtype=torch.uint8)
+    if need:
+        with pytest.raises(BucketError):
+            bucket.pack(pairs, out=short)
+        assert bool((short == 7).all()), f"{seed}: a refused pack writes nothing into the short buffer"
+
+
+@PACK
+def test_pack_into_the_engine_is_hot_equal_cold_and_an_empty_bucket_changes_nothing(tmp_path, rng):
+    r, seed = rng
+    a, b = checkpoints(tmp_path, r)
+    engine = Engine(a, max_model_len=128)
+    before = model_state(engine)
+    engine.update_weights_from_tensor(bucket.pack([]), load_format="flattened_bucket")
+    assert_unchanged(engine, before, seed, "an empty bucket")
+    tensors = list(CheckpointReader(b).iter_tensors())
+    r.shuffle(tensors)
+    cut = r.randint(1, len(tensors) - 1)
+    for chunk in (tensors[:cut], tensors[cut:]):
+        engine.update_weights_from_tensor(bucket.pack(chunk), load_format="flattened_bucket")
+    assert_hot_equals_cold(engine, b, PROMPTS, max_new_tokens=4)
+
+
+@PACK
+def test_a_tensor_with_the_right_count_and_the_wrong_shape_is_refused_whole(tmp_path, rng):
+    r, seed = rng
+    a, b = checkpoints(tmp_path, r)
+    engine = Engine(a, max_model_len=128)
+    before = model_state(engine)
+    tensors = list(CheckpointReader(b).iter_tensors())
+    r.shuffle(tensors)
+    k = r.randrange(len(tensors))
+    while tensors[k][1].dim() < 2:
+        k = (k + 1) % len(tensors)
+    name, t = tensors[k]
+    tensors[k] = (name, t.reshape(t.shape[1], t.shape[0]) if t.shape[0] != t.shape[1] else t.reshape(-1))
+    with pytest.raises(ValueError, match=name.split(".")[-2]):
+        engine.update_weights_from_tensor(bucket.pack(tensors), load_format="flattened_bucket")
+    assert_unchanged(engine, before, seed, f"a bucket where {name} has the wrong shape")
+
+
+# ---- ch05.validate_bucket -----------------------------------------------------------------
+
+KINDS = ["overrun", "start past end", "negative start", "shape", "span", "misaligned", "twice"]
+
+
+def corrupt(r, meta, n, kind=None):
+    """One entry made wrong in one way (random unless ``kind``); returns (metadata, name, kind)."""
+    meta = list(meta)
+    kind = kind or r.choice(KINDS)
+    wide = [i for i, m in enumerate(meta) if m.dtype.itemsize > 1 and m.numel > 1]
+    if kind in ("misaligned", "span") and wide:  # where a dtype's size matters
+        k = r.choice(wide)
+    else:
+        k = r.randrange(len(meta))
+    m = meta[k]
+    size = m.dtype.itemsize
+    if kind == "misaligned" and size == 1 or kind == "twice" and len(meta) < 2:
+        kind = "overrun"
+    if kind == "overrun":
+        shift = n - m.start_idx + size * r.randint(1, 4)
+        new = (m.shape, m.start_idx + shift, m.end_idx + shift, m.numel)
+    elif kind == "start past end":
+        new = (m.shape, m.end_idx + size, m.end_idx, m.numel)
+    elif kind == "negative start":
+        new = (m.shape, -size * r.randint(1, 4), m.end_idx - m.start_idx - size, m.numel)
+    elif kind == "shape":  # numel and the byte span agree; the shape asks for more elements
+        new = ((m.numel + r.randint(1, 3), 1) if r.random() < 0.5 else (2, m.numel + 1), m.start_idx, m.end_idx, m.numel)
+    elif kind == "span":
+        new = (m.shape, m.start_idx, m.end_idx - size, m.numel)
+    elif kind == "misaligned":
+        new = (m.shape, m.start_idx + 1, m.end_idx + 1, m.numel)
+    else:
+        other = meta[(k + 1) % len(meta)]
+        meta[k] = FlattenedTensorMetadata(other.name, m.shape, m.dtype, m.start_idx, m.end_idx, m.numel)
+        return meta, other.name, kind
+    meta[k] = FlattenedTensorMetadata(m.name, torch.Size(new[0]), m.dtype, new[1], new[2], new[3])
+    return meta, m.name, kind
+
+
+def nonempty_pairs(r):
+    pairs = [(n, t) for n, t in random_pairs(r) if t.numel()]
+    if not any(t.element_size() > 1 and t.numel() > 1 for _, t in pairs):
+        pairs.insert(r.randint(0, len(pairs)), ("wide", torch.randn(r.randint(2, 9))))
+    return pairs
+
+
+@VALIDATE
+def test_validate_accepts_good_and_empty_buckets_and_refuses_each_corruption(rng):
+    r, seed = rng
+    bucket.validate(torch.empty(0, dtype=torch.uint8), [])
+    bucket.validate(torch.empty(r.randint(0, 64), dtype=torch.uint8), [])
+    sglang = bucket.pack_sglang([(f"s{i}", torch.randn(r.randint(1, 9))) for i in range(3)])
+    bucket.validate(sglang["flattened_tensor"], sglang["metadata"])
+    kinds = KINDS + [r.choice(KINDS) for _ in range(5)]  # every kind at least once
+    r.shuffle(kinds)
+    for kind in kinds:
+        pairs = nonempty_pairs(r)
+        want, end = expected_layout(pairs)
+        flat = torch.empty(end + r.choice([0, 0, 16]), dtype=torch.uint8).random_()
+        meta = [FlattenedTensorMetadata(n, torch.Size(s), d, a, b, k) for n, s, d, a, b, k in want]
+        bucket.validate(flat, meta)
+        bad, name, kind = corrupt(r, meta, flat.numel(), kind)
+        copy = flat.clone()
+        with pytest.raises(BucketError, match=name.replace(".", r"\.")):
+            bucket.validate(flat, bad)
+            pytest.fail(f"{seed}: a bucket whose entry {name} has {kind!r} is refused with a BucketError naming it")
+        assert torch.equal(flat, copy), f"{seed}: validate never changes the buffer"
+
+
+@VALIDATE
+def test_a_bad_entry_anywhere_refuses_the_whole_bucket_in_the_engine(tmp_path, rng):
+    r, seed = rng
+    a, b = checkpoints(tmp_path, r)
+    engine = Engine(a, max_model_len=128)
+    before = model_state(engine)
+    tensors = list(CheckpointReader(b).iter_tensors())
+    r.shuffle(tensors)
+    packed = bucket.pack(tensors[:r.randint(3, len(tensors))])
+    bad, name, kind = corrupt(r, packed["metadata"], packed["flattened_tensor"].numel())
+    with pytest.raises(ValueError):
+        engine.update_weights_from_tensor({"flattened_tensor": packed["flattened_tensor"], "metadata": bad},
+                                          load_format="flattened_bucket")
+        pytest.fail(f"{seed}: a bucket whose entry {name} has {kind!r} is refused")
+    assert_unchanged(engine, before, seed, f"a refused bucket ({name}: {kind})")
+
+
+# ---- ch05.ipc_sender ----------------------------------------------------------------------
+
+def drive(sender, pairs, seed, in_flight_max):
+    """Consume payloads as an engine would: decode, hold up to ``in_flight_max`` buckets,
+    check each again just before acknowledging it. Returns every tensor received."""
+    held, received = [], []
+
+    def ack():
+        receipt, views, want = held.pop(0)
+        assert_same(views, want, seed, f"bucket {receipt} just before its acknowledgement")
+        received.extend((n, t.clone()) for n, t in views)
+        sender.release(receipt)
+
+    for receipt, payload in sender.payloads(pairs):
+        views = bucket.unpack(safe_pickle.deserialize(payload))
+        held.append((receipt, views, [(n, t.clone()) for n, t in views]))
+        if len(held) == in_flight_max:
+            ack()
+    while held:
+        ack()
+    return received
+
+
+def sender_tensors(r, n):
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    return [(f"w{i}", (torch.randn(r.randint(4, 96), generator=gen) * 10).to(r.choice(DTYPES[:7]))) for i in range(n)]
+
+
+@SENDER
+def test_sender_holds_every_unacknowledged_bucket_intact_over_rounds(rng):
+    r, seed = rng
+    num_buffers = r.choice([2, 3])
+    sender = BucketSender(bucket_bytes=r.choice([512, 800, 1024]), num_buffers=num_buffers)
+    for round_ in range(3):  # later rounds reuse the same buffers with new bytes
+        pairs = sender_tensors(r, r.randint(8, 16))
+        in_flight = r.choice([1, num_buffers]) if round_ else 1  # 1: each bucket acknowledged at once
+        assert_same(drive(sender, pairs, seed, in_flight), pairs, seed, f"round {round_}, {in_flight} in flight")
+        assert sender.num_alive == 0, f"{seed}: every released bucket is let go"
+
+
+@SENDER
+def test_sender_refuses_a_bucket_more_than_it_has_buffers_and_spoils_none(rng):
+    r, seed = rng
+    num_buffers = r.choice([2, 3])
+    sender = BucketSender(bucket_bytes=512, num_buffers=num_buffers)
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    pairs = [(f"w{i}", torch.randn(r.randint(4, 32), generator=gen)) for i in range(30)]  # none oversized
+    stream = sender.payloads(pairs)
+    held = []
+    for _ in range(num_buffers):
+        receipt, payload = next(stream)
+        views = bucket.unpack(safe_pickle.deserialize(payload))
+        held.append((receipt, views, [(n, t.clone()) for n, t in views]))
+    with pytest.raises(RuntimeError):
+        next(stream)
+        pytest.fail(f"{seed}: with {num_buffers} buffers all in flight, the next bucket raises RuntimeError")
+    for receipt, views, want in held:
+        assert_same(views, want, seed, f"in-flight bucket {receipt} after the refused one")
+
+
+@SENDER
+def test_a_tensor_bigger_than_a_bucket_travels_alone_between_reused_buffers(rng):
+    r, seed = rng
+    sender = BucketSender(bucket_bytes=512, num_buffers=2)
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    pairs = [(f"w{i}", torch.randn(r.randint(25, 32), generator=gen)) for i in range(14)]  # 4 per bucket
+    # after both buffers were made for ordinary buckets: the big one must not go into either
+    pairs.insert(r.randint(8, 13), ("huge", torch.randn(r.randint(200, 400), generator=gen)))
+    assert_same(drive(sender, pairs, seed, r.choice([1, 2])), pairs, seed, "buckets around an oversized tensor")
+
+
+def ipc_update(engine, path, device, bucket_bytes):
+    payloads, acks = CTX.Queue(), CTX.Queue()
+    child = CTX.Process(target=trainer.push_ipc, args=(path, payloads, acks, bucket_bytes, device))
+    child.start()
+    engine.pause_generation("abort")
+    n = 0
+    while (item := payloads.get(timeout=120)) is not None:
+        receipt, payload = item
+        engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
+        acks.put(receipt)
+        n += 1
+    assert trainer.wait_for_exit(child) == 0, "the trainer process (your sender) exits cleanly"
+    engine.flush_cache()
+    engine.continue_generation()
+    return n
+
+
+@SENDER
+def test_an_update_over_ipc_from_a_trainer_process_is_hot_equal_cold(tmp_path, rng):
+    r, seed = rng
+    a, b = checkpoints(tmp_path, r)
+    engine = Engine(a, max_model_len=128)
+    n = ipc_update(engine, b, "cpu", r.choice([20_000, 40_000]))
+    assert n > 1, f"{seed}: the update took several buckets"
+    assert_hot_equals_cold(engine, b, PROMPTS, max_new_tokens=4)
+
+
+@SENDER
+@pytest.mark.cuda
+def test_an_update_over_cuda_ipc_from_a_trainer_process_is_hot_equal_cold(tmp_path, rng):
+    r, seed = rng
+    a, b = checkpoints(tmp_path, r)
+    engine = Engine(a, device="cuda", max_model_len=128)
+    n = ipc_update(engine, b, "cuda", r.choice([20_000, 40_000]))
+    assert n > 1, f"{seed}: the update took several buckets"
+    assert_hot_equals_cold(engine, b, PROMPTS, max_new_tokens=4)
+
+
+# ---- ch05.receive_broadcast ---------------------------------------------------------------
+
+def sender_thread(port, buckets, errors):
+    def run():
+        try:
+            group, _ = dist.new_group("127.0.0.1", port, 0, 2, "hidden", "gloo", timeout_s=30)
+            for pairs in buckets:
+                dist.broadcast_async(group, bucket.pack(pairs)["flattened_tensor"]).wait()
+        except Exception as exc:  # reported by the test, not lost in the thread
+            errors.append(exc)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@RECEIVE
+def test_receive_random_buckets_each_into_its_own_buffer(rng):
+    r, seed = rng
+    buckets = [random_pairs(r) for _ in range(3)]
+    buckets.insert(r.randint(1, 3), [(n, t.clone().random_() if t.dtype != torch.bool else ~t)
+                                     for n, t in buckets[0]])  # the same layout again, new bytes
+    buckets.insert(r.randint(0, 4), [])
+    port, errors = dist.free_port(), []
+    thread = sender_thread(port, buckets, errors)
+    group, _ = dist.new_group("127.0.0.1", port, 1, 2, "hidden", "gloo", timeout_s=30)
+    got = []
+    for pairs in buckets:
+        names = [n for n, _ in pairs]
+        dtypes = [r.choice([str(t.dtype), str(t.dtype).removeprefix("torch."), t.dtype]) for _, t in pairs]
+        shapes = [list(t.shape) for _, t in pairs]
+        got.append(dist.receive_bucket(group, names, dtypes, shapes, "cpu"))
+    thread.join(30)
+    assert not errors, f"{seed}: the sender failed: {errors}"
+    for i, (views, pairs) in enumerate(zip(got, buckets)):  # earlier views checked after later receives
+        assert_same(views, [(n, t) for n, t in pairs], seed, f"bucket {i} (held while later ones arrived)")
+
+
+@RECEIVE
+def test_receive_refuses_bad_requests_before_touching_the_group(rng):
+    r, seed = rng
+    good = random_pairs(r, 3)
+    names, dtypes, shapes = [n for n, _ in good], [str(t.dtype) for _, t in good], [list(t.shape) for _, t in good]
+    k = r.randrange(3)
+    bad = {"unknown dtype": (names, dtypes[:k] + [r.choice(["float33", "bfloat", "Size", "nn"])] + dtypes[k + 1:], shapes),
+           "negative dim": (names, dtypes, shapes[:k] + [[r.randint(1, 4), -r.randint(1, 4)]] + shapes[k + 1:]),
+           "float dim": (names, dtypes, shapes[:k] + [[2.5]] + shapes[k + 1:]),
+           "lengths differ": (names, dtypes[:2], shapes)}
+    for why, args in bad.items():
+        with pytest.raises(ValueError):
+            dist.receive_bucket(None, *args, "cpu")
+            pytest.fail(f"{seed}: a request with {why} raises ValueError before any receive")
+
+
+@RECEIVE
+def test_an_update_over_a_gloo_broadcast_is_hot_equal_cold(tmp_path, rng):
+    r, seed = rng
+    a, b = checkpoints(tmp_path, r)
+    engine = Engine(a, max_model_len=128)
+    port, requests, errors = dist.free_port(), queue.Queue(), []
+    tensors = list(CheckpointReader(b).iter_tensors())
+    r.shuffle(tensors)
+
+    def trainer_side():
+        try:
+            sender = dist.WeightBroadcaster("127.0.0.1", port, 2, "weight_update_group", "gloo", "cpu", r.choice([20_000, 50_000]))
+            sender.broadcast(tensors, requests.put)
+        except Exception as exc:
+            errors.append(exc)
+        requests.put(None)
+
+    thread = threading.Thread(target=trainer_side, daemon=True)
+    thread.start()
+    engine.init_weights_update_group("127.0.0.1", port, 1, 2, "weight_update_group", "gloo")
+    engine.pause_generation("abort")
+    while (request := requests.get(timeout=60)) is not None:
+        engine.update_weights_from_distributed(**request, flush_cache=False)
+    thread.join(30)
+    assert not errors, f"{seed}: the trainer failed: {errors}"
+    engine.flush_cache()
+    engine.continue_generation()
+    engine.destroy_weights_update_group()
+    assert_hot_equals_cold(engine, b, PROMPTS, max_new_tokens=4)

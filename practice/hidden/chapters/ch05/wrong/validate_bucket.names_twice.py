@@ -1,0 +1,25 @@
+# Lets one name appear twice in a bucket.
+if not isinstance(flat, torch.Tensor) or flat.dim() != 1:
+    raise BucketError("flattened_tensor must be a 1-D tensor")
+if flat.device.type not in DEVICES:
+    raise BucketError(f"flattened_tensor is on device {flat.device.type!r}; only {DEVICES} are accepted")
+if not isinstance(metadata, (list, tuple)):
+    raise BucketError(f"metadata must be a list, got {type(metadata).__name__}")
+n = flat.numel()
+byte_layout = flat.dtype == torch.uint8
+seen = set()
+for m in metadata:
+    _check_fields(m)
+    seen.add(m.name)
+    if _numel(m.shape) != m.numel:
+        raise BucketError(f"{m.name}: numel {m.numel} does not match shape {tuple(m.shape)}")
+    if not (0 <= m.start_idx <= m.end_idx <= n):
+        raise BucketError(f"{m.name}: offsets [{m.start_idx}, {m.end_idx}) overrun the buffer of {n} elements")
+    span = m.end_idx - m.start_idx
+    if byte_layout and m.dtype != torch.uint8:
+        if span != m.numel * m.dtype.itemsize:
+            raise BucketError(f"{m.name}: {span} bytes for {m.numel} {m.dtype} elements")
+        if m.start_idx % m.dtype.itemsize:
+            raise BucketError(f"{m.name}: start offset {m.start_idx} is not aligned to {m.dtype}")
+    elif span != m.numel:
+        raise BucketError(f"{m.name}: {span} elements for numel {m.numel}")
