@@ -183,8 +183,21 @@ class UpdateTransaction:
 
     # ---- snapshots and rollback (host memory, no disk read) ------------------------------
     def take_snapshot(self) -> dict:
-        """Copy every tensor the kernels read to host memory (pinned on GPU), with the
-        current version label; ``rollback()`` restores it. Costs one model of host memory."""
+        """Copy every tensor the kernels read to host memory, with the current version label;
+        ``rollback()`` copies it back in place. Costs one model of host memory.
+
+        Every tensor of ``kernel_tensors(self.model)`` (name -> the live tensor a kernel reads:
+        parameters, fused q/k/v and gate/up, quantization scales, the rotary tables) gets a
+        new host tensor of the same shape and dtype holding a *copy* of its values (a
+        reference to the live tensor would follow the next update and restore nothing).
+        When the engine runs on CUDA (``self.config.is_cuda``) the host tensors are pinned and
+        the copies non-blocking, with one ``torch.cuda.synchronize()`` after the last.
+        Sets and returns ``self.snapshot = {"weight_version": self.weight_version,
+        "tensors": {name: host tensor}, "config": ...}``, where "config" is a copy of
+        ``self.model_config`` taken now (``dataclasses.replace`` with each of its
+        ``runtime_fields`` set to the current value): an update may change those fields
+        (``rope_theta``, ``eos_token_id``, ...) in place, and a rollback puts them back too."""
+        # BEGIN EXERCISE ch09.host_snapshot
         pin = self.config.is_cuda
         tensors = {}
         for name, t in kernel_tensors(self.model).items():
@@ -197,6 +210,7 @@ class UpdateTransaction:
         self.snapshot = {"weight_version": self.weight_version, "tensors": tensors,
                          "config": replace(self.model_config, **runtime)}
         return self.snapshot
+        # END EXERCISE
 
     def _restore(self, snapshot: dict) -> None:
         live = kernel_tensors(self.model)

@@ -2,6 +2,7 @@
 
 ch09.first_divergence: ``first_divergence`` in course_lib/production.py.
 ch09.compare_outputs: ``compare_outputs`` in course_lib/production.py.
+ch09.host_snapshot: ``take_snapshot`` in course_lib/engine/transaction.py.
 ch09.rollback: ``promote_or_rollback`` in course_lib/production.py.
 Each case reports what it expected in words.
 """
@@ -14,7 +15,8 @@ from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.audit import kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, write_checkpoint
 
-FIRST, COMPARE, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}") for n in ("first_divergence", "compare_outputs", "rollback"))
+FIRST, COMPARE, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}")
+                                     for n in ("first_divergence", "compare_outputs", "host_snapshot", "rollback"))
 PROMPTS = ["canary one", "a second fixed request", "three", "the fourth request of the set"]
 
 
@@ -87,6 +89,34 @@ def ckpts(tmp_path_factory):
 
 def weights(engine):
     return {n: t.clone() for n, t in kernel_tensors(engine.model).items()}
+
+
+@SNAPSHOT
+def test_host_snapshot__copies_every_kernel_tensor_with_the_version(ckpts):
+    engine = Engine(ckpts["old"])
+    live = kernel_tensors(engine.model)
+    snap = engine.take_snapshot()
+    assert snap is engine.snapshot, "take_snapshot sets engine.snapshot and returns it"
+    assert snap["weight_version"] == engine.weight_version, "the snapshot carries the current version label"
+    assert set(snap["tensors"]) == set(live), "one host tensor per kernel tensor, under the same name"
+    for name, t in live.items():
+        host = snap["tensors"][name]
+        assert host.device.type == "cpu" and host.dtype == t.dtype and host.shape == t.shape, name
+        assert torch.equal(host, t.cpu()), f"{name}: the snapshot holds the live values"
+        assert host.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(), \
+            f"{name}: the snapshot is a copy, not the live tensor"
+
+
+@SNAPSHOT
+def test_host_snapshot__rollback_restores_weights_and_version(ckpts):
+    engine = Engine(ckpts["old"])
+    before = weights(engine)
+    engine.take_snapshot()
+    engine.update_weights_from_disk(ckpts["new"], weight_version="v2")  # no new snapshot: the old one stays
+    engine.rollback()
+    assert engine.weight_version == "default", "the snapshot's version label is back"
+    assert all(torch.equal(before[n], t) for n, t in weights(engine).items()), "bitwise the old weights"
+    assert_hot_equals_cold(engine, ckpts["old"], PROMPTS[:2], max_new_tokens=4)
 
 
 @ROLLBACK

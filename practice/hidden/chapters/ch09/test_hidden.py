@@ -17,9 +17,12 @@ from course_lib import Engine
 from course_lib import production
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.audit import kernel_tensors
-from course_lib.weights.checkpoint import CheckpointReader, make_random, write_checkpoint
+from dataclasses import replace
 
-FIRST, COMPARE, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}") for n in ("first_divergence", "compare_outputs", "rollback"))
+from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, write_checkpoint
+
+FIRST, COMPARE, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}")
+                                     for n in ("first_divergence", "compare_outputs", "host_snapshot", "rollback"))
 
 
 @pytest.fixture
@@ -323,3 +326,65 @@ def test_quality_alone_rolls_back_and_is_read_on_the_new_weights(world):
     got = production.promote_or_rollback(engine, w["v2"], w["prompts"], w["reference"], "v2", quality=quality,
                                          min_quality=score, max_new_tokens=w["n"])
     assert got["decision"] == "promoted", f"{seed}: quality equal to min_quality passes ({got['reasons']})"
+
+
+# ---- ch09.host_snapshot: weights, addresses, version and runtime config measured here ----
+
+def snapshot_world(tmp_path, r, quantization=None):
+    config = preset("tiny", num_hidden_layers=r.choice([2, 3]), tie_word_embeddings=r.random() < 0.5)
+    old = make_random(tmp_path / "old", config, seed=r.randrange(10_000))
+    new = make_random(tmp_path / "new", config, seed=r.randrange(10_000))
+    engine = Engine(old, quantization=quantization)
+    state = {n: t.clone() for n, t in kernel_tensors(engine.model).items()}
+    addresses = {n: t.data_ptr() for n, t in kernel_tensors(engine.model).items()}
+    return old, new, engine, state, addresses
+
+
+@SNAPSHOT
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_snapshot_then_two_updates_roll_back_to_the_snapshot(tmp_path, rng, quantization):
+    """A snapshot taken by hand, then two updates without one: rollback restores the
+    snapshot's weights (scales of a quantized engine included), addresses and version."""
+    r, seed = rng
+    old, new, engine, state, addresses = snapshot_world(tmp_path, r, quantization)
+    engine.update_weight_version("v1")
+    engine.take_snapshot()
+    engine.update_weights_from_disk(new, weight_version="v2")
+    engine.update_weights_from_disk(new, weight_version="v3", partial=True)
+    engine.rollback()
+    live = kernel_tensors(engine.model)
+    moved = [n for n, t in live.items() if not torch.equal(state[n], t)]
+    assert not moved, f"{seed}: after rollback {len(moved)} kernel tensors differ from the snapshot, e.g. {moved[:3]}"
+    assert {n: t.data_ptr() for n, t in live.items()} == addresses, f"{seed}: a rollback copies in place"
+    assert engine.weight_version == "v1", f"{seed}: the snapshot's label is back, not {engine.weight_version!r}"
+    assert_hot_equals_cold(engine, old, ["a snapshot", "taken by hand"], max_new_tokens=4)
+
+
+@SNAPSHOT
+def test_the_snapshot_restores_the_runtime_config(tmp_path, rng):
+    """An update that changes rope_theta and eos_token_id in config.json, rolled back: the
+    engine's config equals the old one again (a snapshot holding the live config object
+    would have followed the update)."""
+    r, seed = rng
+    old, new, engine, state, _ = snapshot_world(tmp_path, r)
+    reader = CheckpointReader(new)
+    changed = write_checkpoint(tmp_path / "changed", replace(reader.config, rope_theta=r.choice([5_000.0, 50_000.0]),
+                                                            eos_token_id=r.randrange(200, 250)),
+                               dict(reader.iter_tensors()))
+    engine.update_weights_from_disk(changed, keep_snapshot=True)
+    engine.rollback()
+    assert engine.model_config == CheckpointReader(old).config, f"{seed}: the runtime fields are put back"
+    assert engine.scheduler.eos_token_id == CheckpointReader(old).config.eos_token_id, seed
+    assert_hot_equals_cold(engine, old, ["runtime fields", "rope and eos"], max_new_tokens=4)
+
+
+@SNAPSHOT
+def test_the_snapshot_is_a_copy_of_the_values(tmp_path, rng):
+    """The values are copied when the snapshot is taken: writing the live tensors afterwards
+    (here: an update in place) leaves the snapshot as it was."""
+    r, seed = rng
+    old, new, engine, state, _ = snapshot_world(tmp_path, r)
+    snap = engine.take_snapshot()
+    engine.update_weights_from_disk(new, weight_version="v2")
+    followed = [n for n, t in snap["tensors"].items() if not torch.equal(t, state[n])]
+    assert not followed, f"{seed}: {len(followed)} snapshot tensors changed with the update, e.g. {followed[:3]}"
