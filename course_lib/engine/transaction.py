@@ -191,7 +191,7 @@ class UpdateTransaction:
         new host tensor of the same shape and dtype holding a *copy* of its values (a
         reference to the live tensor would follow the next update and restore nothing).
         When the engine runs on CUDA (``self.config.is_cuda``) the host tensors are pinned and
-        the copies non-blocking, with one ``torch.cuda.synchronize()`` after the last.
+        the copies non-blocking, with one synchronization of the device after the last.
         Sets and returns ``self.snapshot = {"weight_version": self.weight_version,
         "tensors": {name: host tensor}, "config": ...}``, where "config" is a copy of
         ``self.model_config`` taken now (``dataclasses.replace`` with each of its
@@ -205,7 +205,7 @@ class UpdateTransaction:
             host.copy_(t, non_blocking=pin)
             tensors[name] = host
         if pin:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.config.device)
         runtime = {f: getattr(self.model_config, f) for f in self.model_config.runtime_fields}
         self.snapshot = {"weight_version": self.weight_version, "tensors": tensors,
                          "config": replace(self.model_config, **runtime)}
