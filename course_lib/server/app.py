@@ -35,7 +35,7 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 # before it is tokenized (a 50 MB prompt must not cost 500 MB and seconds of the engine thread).
 # A shorter one that still does not fit is refused by the engine after tokenizing.
 MAX_CHARS_PER_TOKEN = 4
-DISCONNECT_POLL_S = 0.05  # how often a waiting /generate checks that its client is still there
+DISCONNECT_POLL_S = 0.05  # how often a waiting /generate or weight update checks that its client is still there
 
 
 def finite(obj):
@@ -110,7 +110,8 @@ def generate_inputs(req: s.GenerateRequest, engine) -> tuple[list, str, list[Sam
 
 async def unless_disconnected(request: Request, future: asyncio.Future):
     """Await ``future``; if the client goes away first, cancel it (the worker then aborts
-    the requests nobody will read) and answer 499, which nobody receives."""
+    the requests nobody will read, or never runs an update nobody waits for) and answer
+    499, which nobody receives."""
     while True:
         done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
         if done:
@@ -119,6 +120,11 @@ async def unless_disconnected(request: Request, future: asyncio.Future):
             future.cancel()
             raise ApiError(499, "client_closed", "the client closed the connection; its requests were aborted")
 
+
+async def call_unless_disconnected(worker: EngineWorker, request: Request, fn):
+    """``worker.call(fn)``, except that ``fn`` never runs if the client is gone before the
+    engine thread takes it up (see ``unless_disconnected``)."""
+    return await unless_disconnected(request, asyncio.wrap_future(worker.submit(fn)))
 
 def create_app(engine, allow_weight_update: bool = False, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
@@ -199,21 +205,24 @@ def add_serving_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
 def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
     """Updates from disk and from tensors, and the version label."""
 
+    # A weight update whose client is gone before the engine takes it up is not applied: a
+    # trainer killed with buckets in flight must not have them land after it (they would be
+    # acknowledged to nobody). One the engine has begun is finished: a bucket is whole or not at all.
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(req: s.DiskUpdateRequest):
+    async def update_weights_from_disk(req: s.DiskUpdateRequest, request: Request):
         path = await run_in_threadpool(s.checkpoint_dir, req)  # stat calls: off the event loop
         version = s.version_text(req.weight_version)
-        return await worker.call(lambda e: e.update_weights_from_disk(
+        return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_disk(
             path, weight_version=version, flush_cache=req.flush_cache, abort_all_requests=req.abort_all_requests))
 
     @app.post("/update_weights_from_tensor")
-    async def update_weights_from_tensor(req: s.TensorUpdateRequest):
+    async def update_weights_from_tensor(req: s.TensorUpdateRequest, request: Request):
         try:
             tensors = await run_in_threadpool(decode_tensor_payload, req.serialized_named_tensors, req.load_format)
         except Exception as exc:  # noqa: BLE001 - unsafe pickles and bad buckets become 400s
             raise from_engine_exception(exc, engine) from None
         version = s.version_text(req.weight_version)
-        return await worker.call(lambda e: e.update_weights_from_tensor(
+        return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_tensor(
             tensors, flush_cache=req.flush_cache, weight_version=version,
             abort_all_requests=req.abort_all_requests))
 
