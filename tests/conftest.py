@@ -13,10 +13,10 @@ def pytest_collection_modifyitems(config, items):
 
     Parallel runs (the README's ``pytest -n 2 --dist loadgroup``): a module's tests stay on
     one worker, so its module fixtures (engines, servers, the student edition, the nbgrader
-    course) are built once; the notebooks, the longest tests and independent of each other,
-    spread over the workers one by one."""
+    course) are built once; the notebooks and the chapters' judge runs, the longest tests and
+    independent of each other, spread over the workers one by one."""
     for item in items:
-        if item.originalname != "test_notebook_executes":
+        if item.originalname not in ("test_notebook_executes", "test_each_chapters_reference_passes_the_judge"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if torch.cuda.is_available():
         return

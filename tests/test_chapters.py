@@ -1,0 +1,30 @@
+"""Each chapter's reference (this checkout's course_lib) passes the chapter's public and hidden
+cases through the judge, the way a chapter notebook's graded cells grade it: one judge run per
+chapter (the notebooks' execution test leaves the graded cells out for this)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted(p.name for p in (REPO / "practice" / "chapters").glob("ch[0-9][0-9]"))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_chapters_reference_passes_the_judge(chapter):
+    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_HIDDEN_DIR", "PYTHONPATH")}
+    run = subprocess.run([sys.executable, "practice/judge.py", "test", chapter, "--json"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert run.stdout.strip(), run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    failed = [(c["case"], c["message"][:300]) for c in result["cases"] if c["outcome"] == "fail"]
+    assert not failed and result["hidden"], failed or "the hidden tests were not found"
+    # 3: nothing failed but GPU cases could not run, which is only right where there is no GPU.
+    assert run.returncode == 0 or (run.returncode == 3 and not torch.cuda.is_available()), run.stdout[-2000:]
+    assert result["points"] == result["max_points"] or run.returncode == 3
