@@ -9,6 +9,7 @@
     python practice/judge.py check                          # maintainers: references pass, starters and wrong answers fail
     python practice/judge.py check ch01.block_hash inplace-requant   # the same for some exercises or problems only
     python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/{course_lib/,<slug>.py}
+    python practice/judge.py grade submissions/ --only ch05 ch06  # only this week's chapters (and/or problems)
     python practice/judge.py release student/practice       # the student edition of practice/
 
 Needs only Python, pytest and what the tests import (torch, numpy). Every run is a
@@ -162,8 +163,15 @@ def cmd_grade(args) -> int:
         raise UsageError(f"{submissions} has no learner folders (expected {submissions}/<learner>/course_lib/ "
                          "and/or <learner>/<slug>.py)")
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    scores, cases = gradebook.grade(submissions, problems.all_problems(), chapters.all_chapters(),
-                                    timeout=args.timeout, progress=say)
+    all_problems, all_chapters = problems.all_problems(), chapters.all_chapters()
+    if args.only:  # this week's items: the gradebook has their rows and totals over them alone
+        known = {p.slug for p in all_problems} | {c.id for c in all_chapters}
+        unknown = sorted(set(args.only) - known)
+        if unknown:
+            raise UsageError(f"--only: no chapter or problem {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        all_problems = [p for p in all_problems if p.slug in args.only]
+        all_chapters = [c for c in all_chapters if c.id in args.only]
+    scores, cases = gradebook.grade(submissions, all_problems, all_chapters, timeout=args.timeout, progress=say)
     paths = gradebook.write(scores, cases, Path(args.out))
     sums = gradebook.totals(scores)
     if args.json:
@@ -242,6 +250,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/ (course_lib/, <slug>.py) into a gradebook")
     p.add_argument("submissions")
     p.add_argument("--out", default=".", help="where gradebook.csv and gradebook.json go (default: here)")
+    p.add_argument("--only", nargs="+", metavar="ITEM", help="grade only these chapters (chNN) and problems")
     p = sub.add_parser("release", help="copy the student edition of practice/ (no answers, no hidden tests)")
     p.add_argument("dest")
     p.add_argument("--force", action="store_true", help="replace dest if it is not empty")

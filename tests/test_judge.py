@@ -100,7 +100,8 @@ def scenario_grade(tmp):
     target = subs / "aaron" / "course_lib" / "engine" / "block_manager.py"
     wrong = (PRACTICE / "hidden/chapters/ch01/wrong/block_hash.no_chain.py").read_text()
     target.write_text(regions.replace_bodies(target.read_text(), {"ch01.block_hash": wrong}))
-    result = judge("grade", subs, "--out", tmp / "out")
+    # Only chapter 01 and the problem: the other chapters' runs would add minutes and nothing here.
+    result = judge("grade", subs, "--out", tmp / "out", "--only", "ch01", SLUG)
     return result, tmp / "out", log, {who: hashlib.sha256(t.encode()).hexdigest() for who, t in sources.items()}, zoe_file
 
 
@@ -236,8 +237,17 @@ def test_time_limit_fails_the_unfinished_case(ran):
     assert seconds < 120, "the judge did not stop the run at its time limit"
 
 
+def test_grade_only_names_known_items(tmp_path):
+    (tmp_path / "subs" / "zoe").mkdir(parents=True)
+    (tmp_path / "subs" / "zoe" / f"{SLUG}.py").write_text("")
+    r = judge("grade", tmp_path / "subs", "--out", tmp_path / "out", "--only", "ch01", "ch99", "no-such-problem")
+    assert r.returncode == 2 and "--only: no chapter or problem ch99, no-such-problem" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists(), "a usage error writes no gradebook"
+
+
 def test_grade_writes_the_gradebook_and_keeps_learners_apart(ran):
     r, out, log, shas, zoe_file = ran["grade"]()
+    assert {row["item"] for row in csv.DictReader((out / "gradebook.csv").open())} == {"ch01", SLUG, "TOTAL"}
     # Every case ran except inplace-requant's GPU case: the gradebook is written and marked incomplete (3).
     assert r.returncode == 3, r.stdout + r.stderr
     with open(out / "cases.csv", newline="") as f:
