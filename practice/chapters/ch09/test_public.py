@@ -108,7 +108,7 @@ def test_host_snapshot__copies_every_kernel_tensor_with_the_version(ckpts):
 
 
 @SNAPSHOT
-def test_host_snapshot__rollback_restores_weights_and_version(ckpts):
+def test_host_snapshot__restored_after_an_update_gives_back_weights_and_version(ckpts):
     engine = Engine(ckpts["old"])
     before = weights(engine)
     engine.take_snapshot()
