@@ -28,3 +28,32 @@ def test_each_chapters_reference_passes_the_judge(chapter):
     # 3: nothing failed but GPU cases could not run, which is only right where there is no GPU.
     assert run.returncode == 0 or (run.returncode == 3 and not torch.cuda.is_available()), run.stdout[-2000:]
     assert result["points"] == result["max_points"] or run.returncode == 3
+
+
+class _Collected:
+    """A pytest plugin that keeps the items a --collect-only run found."""
+
+    def __init__(self):
+        self.items = []
+
+    def pytest_collection_modifyitems(self, items):
+        self.items.extend(items)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_check_cell_runs_exactly_its_exercises_public_cases(chapter):
+    """A notebook's check cell runs ``pytest -k test_<name>_`` on the chapter's public tests:
+    the cases that selects must be exactly those marked with that exercise (a case of
+    another exercise there would fail at that exercise's stub, in a cell that is not about it)."""
+    collected = _Collected()
+    public = REPO / "practice" / "chapters" / chapter / "test_public.py"
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib",
+                        str(public)],
+                       plugins=[collected])
+    assert code == 0 and collected.items, f"{public} could not be collected"
+    registry = json.loads((public.parent / "chapter.json").read_text())
+    for exercise in registry["exercises"]:
+        name = exercise["id"].split(".", 1)[1]
+        by_name = {i.name for i in collected.items if f"test_{name}_" in i.name}
+        by_mark = {i.name for i in collected.items if i.get_closest_marker("exercise").args[0] == exercise["id"]}
+        assert by_name == by_mark and by_mark, (exercise["id"], sorted(by_name ^ by_mark))
