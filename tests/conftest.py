@@ -7,6 +7,10 @@ import torch
 from course_lib.weights.checkpoint import make_random, preset
 
 
+# Modules whose tests (module fixtures included) take a minute or more on two cores.
+LONGEST_MODULES = ("test_nbgrader", "test_release", "test_judge", "test_browser")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """GPU tests are reported as skipped on a machine without CUDA, never as passed.
@@ -18,6 +22,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.originalname not in ("test_notebook_executes", "test_each_chapters_reference_passes_the_judge"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The longest groups first, so that the two workers finish together (a long group handed
+    # out last keeps one worker busy while the other waits).
+    items.sort(key=lambda item: item.module.__name__ not in LONGEST_MODULES)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: run scripts/gpu_check.sh on a GPU machine")
