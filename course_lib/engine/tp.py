@@ -56,6 +56,19 @@ class SeqView:
         return cls(list(seq.token_ids), seq.num_tokens, seq.num_cached_tokens, list(seq.block_table))
 
 
+def share_cpu_tensors(obj) -> None:
+    """Move every CPU tensor in ``obj`` (nested lists, tuples and dicts) into shared memory
+    now, in this thread, as pickling it for another process would do later."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and not obj.is_shared():
+            obj.share_memory_()
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            share_cpu_tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            share_cpu_tensors(item)
+
 class WorkerError(RuntimeError):
     """A worker rank failed; the message carries its traceback."""
 
@@ -250,6 +263,10 @@ class TPEngine(Engine):
         return [got[r] for r in sorted(got)]
 
     def _send(self, *cmd) -> None:
+        # A queue pickles in a background thread, and pickling a CPU tensor moves its storage
+        # into shared memory, freeing the old memory under anyone reading it meanwhile: rank
+        # 0's own update reads these very tensors then (and read garbage). Move them first.
+        share_cpu_tensors(cmd)
         for q in self._commands:
             q.put(cmd)
 
