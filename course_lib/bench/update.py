@@ -33,7 +33,9 @@ from course_lib import Engine
 from course_lib.bench import run_header, save_json
 from course_lib.config import is_cuda
 from course_lib.layers.quant import kernel_tensors
+from course_lib.weights import registered
 from course_lib.weights.checkpoint import CheckpointReader, make_random
+from course_lib.weights.layerwise import layer_key
 from course_lib.weights.transports import trainer
 
 
@@ -119,6 +121,78 @@ def ipc_update(engine: Engine, path, bucket_bytes: int, rounds: int = 2) -> dict
     return {**per_round[-1], "rounds": rounds, "first_round": per_round[0]}
 
 
+def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, rounds: int = 2,
+                      compare_modes: bool = False) -> dict:
+    """A trainer process registers its buffers once, then pushes the checkpoint ``rounds``
+    times by bucket number (``update_weights_from_registered``). ``resident``: its weights
+    live in the registered buffer (no packing, one message per round); else it packs
+    into two reused buffers. Engine-side and end-to-end GB/s of the last round; with
+    ``compare_modes``, also the engine-side GB/s of each copy mode (loop, foreach, graph)
+    on the same registration, copying every bucket in one call."""
+    ctx = mp.get_context("spawn")
+    payloads, acks = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=trainer.push_registered,
+                        args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, rounds, resident))
+    child.start()
+    engine.pause_generation("abort")
+    kind, registration = payloads.get(timeout=600)
+    modes = {}
+    for mode in (registered.COPY_MODES if compare_modes else ()):
+        if mode == "graph" and not is_cuda(engine.config.device):
+            continue
+        reg = engine.register_weight_buffers(registration, copy_mode=mode)
+        every = list(range(reg["buckets"]))
+        seconds = median_time(lambda: engine.update_weights_from_registered(every, reg["epoch"], flush_cache=False),
+                              engine.config.device)
+        modes[mode] = reg["bytes"] / seconds / 1e9
+    t0 = time.perf_counter()
+    reg = engine.register_weight_buffers(registration)
+    register_ms = 1e3 * (time.perf_counter() - t0)
+    acks.put(reg["epoch"])
+    per_round = []
+    for _ in range(rounds):
+        item, t_start, engine_s, nbytes = payloads.get(timeout=600), None, 0.0, 0
+        t_start = time.perf_counter()
+        while item is not None:
+            receipt, message = item
+            t0 = time.perf_counter()
+            nbytes += engine.update_weights_from_registered(**message, flush_cache=False)["bytes"]
+            engine_s += time.perf_counter() - t0
+            acks.put(receipt)
+            item = payloads.get(timeout=600)
+        per_round.append({"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9,
+                          "end_to_end_gbps": nbytes / (time.perf_counter() - t_start) / 1e9})
+    trainer.wait_for_exit(child, 600)
+    engine.unregister_weight_buffers()
+    engine.flush_cache()
+    engine.continue_generation()
+    return {**per_round[-1], "copy_mode": reg["copy_mode"], "register_ms": register_ms, "buckets": reg["buckets"],
+            "first_round": per_round[0], **({"engine_gbps_by_copy_mode": modes} if modes else {})}
+
+
+def in_process_update(a, b, device: str, quantization: str | None) -> float:
+    """GB/s of ``update_weights_from_tensor`` with every tensor already on the engine's
+    device (a trainer in the same process: no IPC), into an engine with ``quantization``."""
+    engine = Engine(a, device=device, max_num_seqs=8, max_model_len=512, quantization=quantization)
+    tensors = list(CheckpointReader(b).iter_tensors(device=device if is_cuda(device) else "cpu"))
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    engine.pause_generation("abort")
+    seconds = median_time(lambda: engine.update_weights_from_tensor(tensors, flush_cache=False), device, repeat=3)
+    engine.continue_generation()
+    del engine, tensors
+    return nbytes / seconds / 1e9
+
+
+def largest_layer_bytes(reader: CheckpointReader) -> int:
+    """Bytes of the largest unit a layer-by-layer update holds (a decoder layer, or the
+    embedding / LM head alone)."""
+    per_layer: dict[str, int] = {}
+    for name, (shape, dtype) in reader.metadata().items():
+        key = layer_key(name)
+        per_layer[key] = per_layer.get(key, 0) + torch.Size(shape).numel() * dtype.itemsize
+    return max(per_layer.values())
+
+
 def transformers_load(path, device: str) -> float | None:
     """GB/s of transformers' load_state_dict(load_file(...)) into a model already built."""
     try:
@@ -146,13 +220,14 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bucket-mb", type=int, default=512)
     p.add_argument("--no-transformers", action="store_true")
-    p.add_argument("--parts", nargs="+", default=["loop", "ipc", "disk", "transformers"],
+    p.add_argument("--parts", nargs="+", default=["loop", "ipc", "registered", "disk", "inproc", "transformers"],
                    help="which measurements to run (the copy baselines always run)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device, gpu = args.device, is_cuda(args.device)
     res = run_header("update", device, preset=args.preset, bucket_mb=args.bucket_mb)
     steps = tqdm(total=6, desc="update benchmark")
+    res["bucket_bytes"] = args.bucket_mb << 20
     with tempfile.TemporaryDirectory() as tmp:
         a = make_random(f"{tmp}/a", args.preset, seed=1, device=device if gpu else "cpu")
         b = make_random(f"{tmp}/b", args.preset, seed=2, device=device if gpu else "cpu")
@@ -167,6 +242,11 @@ def main(argv=None) -> dict:
         steps.update()
         if "ipc" in args.parts:
             res["ipc"] = ipc_update(engine, b, args.bucket_mb << 20)
+        if "registered" in args.parts:
+            res["registered"] = registered_update(engine, b, args.bucket_mb << 20, resident=False)
+            res["registered_resident"] = registered_update(engine, a, args.bucket_mb << 20, resident=True,
+                                                           compare_modes=True)
+            engine.update_weights_from_disk(b, staging="full")  # back to b for the disk runs' first step
         steps.update()
         for staging in ("layer", "full") if "disk" in args.parts else ():
             engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
@@ -175,9 +255,13 @@ def main(argv=None) -> dict:
             res[f"disk_{staging}"] = {"gbps": nbytes / (time.perf_counter() - t0) / 1e9,
                                       "timings_ms": r["timings_ms"], "memory": r.get("memory")}
             steps.update()
+        res["largest_layer_bytes"] = largest_layer_bytes(reader)
         del engine
         if gpu:
             torch.cuda.empty_cache()
+        if "inproc" in args.parts:
+            res["in_process_gbps"] = {str(q): in_process_update(a, b, device, q)
+                                      for q in (None, "int8", "fp8") if q is None or gpu or q == "int8"}
         use_hf = "transformers" in args.parts and not args.no_transformers
         res["transformers_gbps"] = transformers_load(b, device) if use_hf else None
         steps.update()
@@ -188,32 +272,41 @@ def main(argv=None) -> dict:
 
 
 def report(r: dict) -> None:
-    ref = "copy"
+    """Every figure as a rate and a ratio against the baseline measured in the same run."""
+    copy, h2d = r["copy_gbps"], r.get("h2d_pinned_gbps")
     print(f"\nhot update, preset {r['preset']} ({r['model_bytes'] / 1e9:.2f} GB), {r['hardware']}, {r['date']}")
-    print(f"  baseline copy (device-to-device / memcpy)  {r['copy_gbps']:8.1f} GB/s")
-    if "h2d_pinned_gbps" in r:
-        print(f"  baseline host-to-device pinned / pageable  {r['h2d_pinned_gbps']:8.1f} / {r['h2d_pageable_gbps']:.1f} GB/s")
+    print(f"  baseline copy (device-to-device / memcpy)  {copy:8.1f} GB/s")
+    if h2d:
+        print(f"  baseline host-to-device pinned / pageable  {h2d:8.1f} / {r['h2d_pageable_gbps']:.1f} GB/s")
     rows = []
     if "per_tensor_copy_gbps" in r:
-        rows.append(("per-tensor copy_ loop", r["per_tensor_copy_gbps"], ref))
-    if "ipc" in r:
-        rows += [("IPC buckets, engine side", r["ipc"]["engine_gbps"], ref),
-                 ("IPC buckets, end to end", r["ipc"]["end_to_end_gbps"], ref)]
-        if "first_round" in r["ipc"]:
-            rows.append(("IPC, first round, engine side", r["ipc"]["first_round"]["engine_gbps"], ref))
+        rows.append(("per-tensor copy_ loop", r["per_tensor_copy_gbps"], copy, "copy"))
+    for key, label in (("ipc", "IPC buckets"), ("registered", "registered, 2 buffers"),
+                       ("registered_resident", "registered, resident")):
+        if key in r:
+            rows += [(f"{label}, engine side", r[key]["engine_gbps"], copy, "copy"),
+                     (f"{label}, end to end", r[key]["end_to_end_gbps"], copy, "copy")]
+    for mode, gbps in r.get("registered_resident", {}).get("engine_gbps_by_copy_mode", {}).items():
+        rows.append((f"registered copy mode {mode!r}", gbps, copy, "copy"))
+    for q, gbps in r.get("in_process_gbps", {}).items():
+        rows.append((f"in-process from device tensors, {'unquantized' if q == 'None' else q}", gbps, copy, "copy"))
     for staging in ("layer", "full"):
         if f"disk_{staging}" in r:
             rows.append((f"disk, {'layer by layer' if staging == 'layer' else 'full staging'}",
-                         r[f"disk_{staging}"]["gbps"], "h2d"))
-    for name, gbps, base in rows:
-        denom = r["copy_gbps"] if base == ref else r.get("h2d_pinned_gbps")
-        ratio = f"{gbps / denom:6.0%} of {'copy' if base == ref else 'pinned H2D'}" if denom else ""
-        print(f"  {name:<36} {gbps:8.1f} GB/s  {ratio}")
+                         r[f"disk_{staging}"]["gbps"], h2d, "pinned H2D"))
+    for name, gbps, denom, base in rows:
+        ratio = f"{gbps / denom:6.0%} of {base}" if denom else ""
+        print(f"  {name:<44} {gbps:8.1f} GB/s  {ratio}")
     if "ipc" in r:
         print("  IPC engine-side ms by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in r["ipc"]["engine_ms_by_phase"].items()))
     if r.get("transformers_gbps") and "disk_layer" in r:
         print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
               f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")
+    extra = ((r.get("disk_layer") or {}).get("memory") or {}).get("gpu_peak_extra_bytes")
+    if extra is not None and "largest_layer_bytes" in r:
+        bound = r["largest_layer_bytes"] + 2 * r["bucket_bytes"]
+        print(f"  extra GPU memory during a disk update {extra / 1e9:.2f} GB = {extra / bound:.2f}x "
+              f"(largest layer {r['largest_layer_bytes'] / 1e9:.2f} GB + 2 buckets)")
 
 
 if __name__ == "__main__":

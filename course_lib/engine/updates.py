@@ -18,9 +18,45 @@ import torch
 
 from course_lib.engine import update_sources as sources
 from course_lib.engine.transaction import WAIT_TIMEOUT_S, UpdateOptions
+from course_lib.engine.transaction import Applied, ValidatedUpdate
+from course_lib.weights import registered, safe_pickle
 from course_lib.weights.transports import delta, remote
 from course_lib.weights.transports import dist as dist_transport
-from course_lib.weights.update import UpdateError
+from course_lib.weights.update import PhaseTimer, UpdateError
+
+
+def registered_update(engine, buckets, epoch) -> ValidatedUpdate:
+    """A registered update, validated: the epoch, the bucket numbers, every destination
+    where registration found it. The apply step copies and waits for the copies (the
+    trainer reuses a buffer once the call returns), then checks the destinations again."""
+    timer = PhaseTimer()
+    current, table, mode = engine._registration
+    if table is None:
+        raise UpdateError("no registered buffers: call register_weight_buffers first")
+    if epoch != current:
+        raise UpdateError(f"registration epoch {epoch!r} is not the current one ({current}): register again")
+    try:
+        buckets = table.check_buckets(buckets)
+        table.check_destinations(buckets)
+    except registered.RegistrationError as exc:
+        raise UpdateError(str(exc)) from exc
+    timer.lap("validate")
+
+    def apply(timer: PhaseTimer) -> Applied:
+        table.copy(buckets, mode)
+        if engine.config.is_cuda:
+            torch.cuda.current_stream(engine.config.device).synchronize()
+        timer.lap("copy")
+        try:
+            table.check_destinations(buckets)
+        except registered.RegistrationError as exc:  # cannot happen unless a copy rebinds: say so loudly
+            engine.unhealthy = str(exc)
+            raise UpdateError(str(exc)) from exc
+        # The check above is the audit of these parameters (identity, stride included, with
+        # the storages held by the table); the full address audit runs when generation resumes.
+        return Applied(audit_only=set())
+    nbytes = sum(table.nbytes[k] for k in buckets)
+    return ValidatedUpdate(apply, nbytes, f"copied {len(buckets)} registered buckets", timer)
 
 
 class WeightUpdates:
@@ -29,6 +65,7 @@ class WeightUpdates:
     def _init_transfer_state(self) -> None:
         self._weight_groups: dict = {}      # torch.distributed groups a trainer broadcasts on
         self._ipc_keepalive = collections.deque(maxlen=4)  # recently received CUDA IPC buffers
+        self._registration = (0, None, None)  # (epoch, RegisteredTable, copy mode): see registered.py
 
     def _keep_ipc_buffer(self, tensor: torch.Tensor) -> None:
         # Keep the last few received buffers mapped: a trainer that reuses its buffers
@@ -105,6 +142,50 @@ class WeightUpdates:
         update = sources.tensor_update(self, named_tensors, load_format, check_finite)
         if update is None:
             return self._nothing_to_apply(weight_version, "empty update: nothing to apply")
+        return self._run_update(update, UpdateOptions(weight_version, flush_cache, abort_all_requests, wait_timeout_s))
+
+    # ---- registered buffers (weights/registered.py): the layout once, then bucket numbers --
+    def register_weight_buffers(self, payload, partial: bool = False, copy_mode: str | None = None) -> dict:
+        """Map a trainer's reusable buffers and validate its whole layout once
+        (``registered.stream_layout``'s shape: {"buffers", "buckets", "tensors"}, as a dict
+        or serialized like ``update_weights_from_tensor``'s payloads). Replaces an earlier
+        registration; returns its ``epoch``, which every ``update_weights_from_registered``
+        call must name (a trainer still sending for an old registration is refused). Writes
+        no weight. Refused on quantized engines and tensor-parallel ranks. ``copy_mode``:
+        how each bucket's copies run ("loop", "foreach" or "graph"; default
+        ``registered.copy_mode``: a CUDA graph per bucket on a GPU)."""
+        self._refuse_sharded("registering buffers")
+        try:
+            if isinstance(payload, (str, bytes)):
+                payload = safe_pickle.deserialize(payload)
+            table = registered.RegisteredTable.build(self.model, payload, self.config.device, partial)
+            mode = registered.copy_mode(self.config.device, copy_mode)
+            if mode == "graph":  # capture now: the first update then runs at full speed
+                for k in range(table.num_buckets):
+                    table._capture(k)
+        except registered.RegistrationError as exc:
+            raise UpdateError(f"registration refused: {exc}") from exc
+        self._registration = (self._registration[0] + 1, table, mode)
+        return {"success": True, "epoch": self._registration[0], "buckets": table.num_buckets,
+                "tensors": len(table.names), "bytes": sum(table.nbytes), "copy_mode": mode}
+
+    def unregister_weight_buffers(self) -> dict:
+        """Forget the registration (unmap the trainer's buffers)."""
+        epoch, table, _ = self._registration
+        self._registration = (epoch, None, None)
+        return {"success": True, "message": "no registration to drop" if table is None else f"dropped epoch {epoch}"}
+
+    def update_weights_from_registered(self, buckets, epoch: int, weight_version: str | None = None,
+                                       flush_cache: bool = True, abort_all_requests: bool = False,
+                                       wait_timeout_s: float = WAIT_TIMEOUT_S) -> dict:
+        """Copy registered ``buckets`` (bucket numbers whose bytes the trainer has written)
+        into the weights, in place, as one update. ``epoch`` must be the current
+        registration's. Nothing is unpickled or looked up per tensor: the copies come from
+        the table validated at registration. Each destination is checked before the first
+        copy and after the last (a rebound weight refuses the update, nothing written);
+        returns once the copies are done, so the trainer may reuse those buffers."""
+        self._refuse_if_busy(abort_all_requests)
+        update = registered_update(self, buckets, epoch)
         return self._run_update(update, UpdateOptions(weight_version, flush_cache, abort_all_requests, wait_timeout_s))
 
     # ---- torch.distributed groups (the trainer broadcasts, the engine receives) ---------

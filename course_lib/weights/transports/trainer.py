@@ -16,6 +16,7 @@ import torch
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.dist import WeightBroadcaster
 from course_lib.weights.transports.ipc import BucketSender
+from course_lib.weights.transports.registered import RegisteredSender
 
 
 def share_cores(device: str) -> None:
@@ -51,6 +52,41 @@ def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "
             in_flight.append(receipt)
             if len(in_flight) == num_buffers:
                 wait_for_ack()  # frees the buffer the next bucket will be packed into
+        while in_flight:
+            wait_for_ack()
+        payloads.put(None)
+
+
+def push_registered(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "cpu", num_buffers: int = 2,
+                    rounds: int = 1, resident: bool = False) -> None:
+    """Register buffers once (``("register", payload)`` on ``payloads``; the engine puts
+    the epoch on ``acks``), then, each round, put ``(receipt, message)`` per message
+    (``update_weights_from_registered``'s ``buckets`` and ``epoch``), at most
+    ``num_buffers`` unacknowledged; each round ends with ``None``. ``resident``: the
+    weights live in the registered buffer (one message per round, nothing packed)."""
+    from collections import deque
+
+    share_cores(device)
+    tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
+    sender = RegisteredSender(tensors, bucket_bytes, device, num_buffers, resident)
+    if resident:
+        tensors = sender.adopt(tensors)  # the trainer's weights now live in the shared buffer
+    payloads.put(("register", sender.registration()))
+    sender.epoch = acks.get()
+    in_flight: deque[int] = deque()
+
+    def wait_for_ack():
+        acked, expected = acks.get(), in_flight.popleft()
+        if acked != expected:
+            raise RuntimeError(f"acknowledged message {acked}, expected {expected}")
+        sender.release(acked)
+
+    for _ in range(rounds):
+        for receipt, message in sender.payloads(tensors):
+            payloads.put((receipt, message))
+            in_flight.append(receipt)
+            if len(in_flight) == num_buffers:
+                wait_for_ack()
         while in_flight:
             wait_for_ack()
         payloads.put(None)

@@ -1,0 +1,324 @@
+"""Registered transfer buffers: the trainer shares its buffers and the whole layout once;
+after that an update names bucket numbers and the engine copies bytes from a table.
+
+The bucket path (``bucket.py``, ``transports/ipc.py``) sends, for every bucket of every
+update, a pickle of an IPC handle and one metadata entry per tensor; the engine opens the
+handle, unpickles, validates every entry, looks each name up and copies. None of that
+changes between steps of an RL run: the trainer reuses the same buffers and sends the
+same tensors in the same order. Here the trainer registers once:
+
+- ``buffers``: its reusable 1-D ``uint8`` buffers (CUDA IPC handles or shared memory);
+- ``buckets``: ``[buffer, offset, nbytes]`` each: bucket ``k``'s bytes are
+  ``buffers[buffer][offset:offset + nbytes]`` (buckets may share a buffer in turn);
+- ``tensors``: ``[name, dtype, shape, pieces]`` each, in the order their bytes are laid
+  out; ``pieces`` is ``[[bucket, offset, nbytes], ...]``: a tensor may span buckets, so
+  no bucket is ever larger than the buffers.
+
+``stream_layout`` builds that layout (both sides can, from names, dtypes and shapes).
+``RegisteredTable.build`` validates it once, against the model, before anything is
+mapped for use: bounds, every tensor's pieces covering its bytes exactly once, no two
+pieces reading the same bytes, floating dtypes (the engine's own is copied byte for
+byte; another is converted element by element, as ``copy_`` converts), destinations (the copy plan's views: ``copy_plan.checkpoint_view``) covering every
+checkpoint tensor, none overlapping another. Then, per bucket, it keeps an immutable
+table of (source bytes, destination bytes) pairs: applying a bucket is those copies
+only, as a ``copy_`` loop, one ``torch._foreach_copy_``, or a replayed CUDA graph of the
+loop (buffers and destinations never move, so the graph captured once stays right).
+
+Address safety: each destination parameter's identity (storage pointer, shape, stride,
+dtype, and that it is still the module's attribute) is recorded at registration and
+checked before the first copy of an update and after the last; a parameter rebound in
+between (``param.data = ...``) makes the update refuse before writing anything, because
+the table's views would then write memory no kernel reads. The table's views hold the
+destination storages (like the address audit), so an old address is never reused.
+"""
+from __future__ import annotations
+
+import os
+import torch
+
+from course_lib.weights.bucket import ALIGN
+from course_lib.weights.copy_plan import CopyPlan
+
+COPY_MODES = ("loop", "foreach", "graph")
+
+
+class RegistrationError(ValueError):
+    """A registration or a registered update refused; the message names what was wrong."""
+
+
+def _nbytes(dtype: torch.dtype, shape) -> int:
+    n = dtype.itemsize
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def stream_layout(metas, bucket_bytes: int, num_buffers: int | None = 2) -> dict:
+    """The registration layout of ``metas`` ([(name, dtype, shape)] in send order): each
+    tensor's bytes start 16-byte aligned in one stream, cut into buckets of ``bucket_bytes``.
+
+    ``num_buffers``: bucket ``k`` lives at the start of buffer ``k % num_buffers`` (a
+    trainer packing into a few reused buffers), or, with None, every bucket is a range of
+    one buffer holding the whole stream (a trainer whose weights live in that buffer: no
+    packing at all). Returns {"buffer_bytes": [...], "buckets": [...], "tensors": [...]}."""
+    if bucket_bytes <= 0 or bucket_bytes % ALIGN:
+        raise RegistrationError(f"bucket_bytes must be a positive multiple of {ALIGN}, got {bucket_bytes}")
+    tensors, pos = [], 0
+    for name, dtype, shape in metas:
+        pos = -(-pos // ALIGN) * ALIGN
+        n, pieces = _nbytes(dtype, shape), []
+        start, end = pos, pos + _nbytes(dtype, shape)
+        while start < end:
+            k, off = divmod(start, bucket_bytes)
+            take = min(end - start, bucket_bytes - off)
+            pieces.append([k, off, take])
+            start += take
+        tensors.append([name, str(dtype).removeprefix("torch."), [int(s) for s in shape], pieces])
+        pos += n
+    num_buckets = -(-pos // bucket_bytes)
+    sizes = [min(bucket_bytes, pos - k * bucket_bytes) for k in range(num_buckets)]
+    if num_buffers is None:
+        return {"buffer_bytes": [pos], "tensors": tensors,
+                "buckets": [[0, k * bucket_bytes, sizes[k]] for k in range(num_buckets)]}
+    if num_buffers < 1:
+        raise RegistrationError(f"num_buffers must be at least 1 (or None), got {num_buffers}")
+    used = min(num_buffers, num_buckets)
+    return {"buffer_bytes": [max(sizes[k::num_buffers]) for k in range(used)], "tensors": tensors,
+            "buckets": [[k % num_buffers, 0, sizes[k]] for k in range(num_buckets)]}
+
+
+def _ints(value, what: str, count: int) -> list[int]:
+    if not (isinstance(value, (list, tuple)) and len(value) == count and all(type(v) is int for v in value)):
+        raise RegistrationError(f"{what} must be {count} integers, got {value!r}")
+    return list(value)
+
+
+def _dtype(name, what: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise RegistrationError(f"{what}: unknown dtype {name!r}")
+    return dtype
+
+
+class _Destination:
+    """A destination parameter as registration found it: the module's parameter dict, the
+    attribute, the Parameter object and its identity (see the module docstring). Checked
+    with a few C calls per parameter: an update of hundreds of them checks in microseconds."""
+    __slots__ = ("params", "attr", "param", "identity", "label")
+
+    def __init__(self, module: torch.nn.Module, attr: str, label: str):
+        self.params, self.attr, self.label = module._parameters, attr, label
+        self.param = self.params[attr]
+        self.identity = self.identity_of(self.param)
+
+    @staticmethod
+    def identity_of(p: torch.Tensor) -> tuple:
+        return (p.data_ptr(), p.shape, p.stride(), p.dtype)
+
+    def moved(self) -> bool:
+        p = self.params.get(self.attr)
+        return p is not self.param or self.identity_of(p) != self.identity
+
+
+class RegisteredTable:
+    """A validated registration: per bucket, the (source, destination) byte views to copy."""
+
+    def __init__(self, buffers, bucket_specs, copies, params, destinations, nbytes, names):
+        self.buffers = buffers                # held: the mapped handles stay open
+        self.bucket_specs = bucket_specs      # [(buffer, offset, nbytes)]
+        self.copies = copies                  # per bucket: ([sources], [destinations])
+        self.params = params                  # per bucket: parameter names written (for the audit)
+        self.destinations = destinations      # per bucket: [_Destination]
+        self.nbytes = nbytes                  # per bucket: payload bytes
+        self.names = names                    # checkpoint names registered
+        self.graphs: dict[int, object] = {}   # bucket -> captured CUDA graph (mode "graph")
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.bucket_specs)
+
+    # ---- building: everything is checked before a table exists --------------------------
+    @classmethod
+    def build(cls, model, payload, device, partial: bool = False) -> "RegisteredTable":
+        """Validate ``payload`` ({"buffers", "buckets", "tensors"}) against ``model`` (one
+        rank, unquantized: ``CopyPlan.for_model`` must give a plan) and build the tables."""
+        plan = CopyPlan.for_model(model)
+        if plan is None:
+            raise RegistrationError("registered updates copy bytes straight into the weights, so they need an "
+                                    "unquantized engine on one rank (a quantized engine requantizes, a "
+                                    "tensor-parallel rank slices): use update_weights_from_tensor")
+        if not isinstance(payload, dict) or not {"buffers", "buckets", "tensors"} <= set(payload):
+            raise RegistrationError("a registration is a dict with 'buffers', 'buckets' and 'tensors'")
+        buffers = cls._check_buffers(payload["buffers"], torch.device(device))
+        specs = cls._check_buckets(payload["buckets"], buffers)
+        return cls._tables(model, plan, payload["tensors"], buffers, specs, partial)
+
+    @staticmethod
+    def _check_buffers(buffers, device: torch.device) -> list[torch.Tensor]:
+        if not isinstance(buffers, (list, tuple)) or not buffers:
+            raise RegistrationError("'buffers' must be a non-empty list of 1-D uint8 tensors")
+        for i, b in enumerate(buffers):
+            if not (isinstance(b, torch.Tensor) and b.dim() == 1 and b.dtype == torch.uint8 and b.is_contiguous()):
+                raise RegistrationError(f"buffer {i} must be a contiguous 1-D uint8 tensor")
+            same = b.device.type == device.type and (device.index is None or b.device.index == device.index)
+            if not same:
+                raise RegistrationError(f"buffer {i} is on {b.device}, the engine on {device}: registered "
+                                        f"buffers must be on the engine's device")
+        return list(buffers)
+
+    @staticmethod
+    def _check_buckets(buckets, buffers) -> list[tuple[int, int, int]]:
+        if not isinstance(buckets, (list, tuple)) or not buckets:
+            raise RegistrationError("'buckets' must be a non-empty list of [buffer, offset, nbytes]")
+        specs = []
+        for k, spec in enumerate(buckets):
+            b, off, n = _ints(spec, f"bucket {k}", 3)
+            if not 0 <= b < len(buffers):
+                raise RegistrationError(f"bucket {k} names buffer {b}; there are {len(buffers)}")
+            if off < 0 or n <= 0 or off + n > buffers[b].numel():
+                raise RegistrationError(f"bucket {k}: bytes [{off}, {off + n}) are not inside buffer {b} "
+                                        f"of {buffers[b].numel()} bytes")
+            specs.append((b, off, n))
+        return specs
+
+    @classmethod
+    def _tables(cls, model, plan, tensors, buffers, specs, partial):
+        from course_lib.weights.update import UpdateError, validate_tensors  # update imports copy_plan
+        if not isinstance(tensors, (list, tuple)) or not tensors:
+            raise RegistrationError("'tensors' must be a non-empty list of [name, dtype, shape, pieces]")
+        meta, entries = {}, []
+        for i, entry in enumerate(tensors):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 4 and isinstance(entry[0], str)):
+                raise RegistrationError(f"tensor entry {i} must be [name, dtype, shape, pieces]")
+            name, dtype, shape, pieces = entry
+            if name in meta:
+                raise RegistrationError(f"{name}: registered more than once")
+            if not (isinstance(shape, (list, tuple)) and all(type(s) is int and s >= 0 for s in shape)):
+                raise RegistrationError(f"{name}: shape {shape!r} is not a list of non-negative integers")
+            meta[name] = (tuple(shape), _dtype(dtype, name))
+            entries.append((name, meta[name][1], tuple(shape), pieces))
+        try:
+            validate_tensors(model.config, meta, partial)
+        except UpdateError as exc:
+            raise RegistrationError(str(exc)) from exc
+        copies = [([], []) for _ in specs]
+        params = [set() for _ in specs]
+        dests = [dict() for _ in specs]
+        nbytes = [0] * len(specs)
+        sources, targets = [], []  # byte intervals, checked for overlap below
+        for name, dtype, shape, pieces in entries:
+            view = plan.views[name]
+            dst = None
+            if view is not None:
+                if not view.is_contiguous():
+                    raise RegistrationError(f"{name}: its destination is not contiguous")
+                # Same dtype: bytes to bytes (a memcpy). Another float dtype: elements, converted.
+                dst = view.reshape(-1).view(torch.uint8) if view.dtype == dtype else view.reshape(-1)
+                end = view.data_ptr() + view.numel() * view.element_size()
+                targets.append((view.data_ptr(), end, name))
+            pos = 0
+            if not isinstance(pieces, (list, tuple)):
+                raise RegistrationError(f"{name}: pieces must be a list of [bucket, offset, nbytes]")
+            for piece in pieces:
+                k, off, n = _ints(piece, f"{name}: piece", 3)
+                if not 0 <= k < len(specs):
+                    raise RegistrationError(f"{name}: piece in bucket {k}; there are {len(specs)} buckets")
+                b, base, size = specs[k]
+                if off < 0 or n <= 0 or off + n > size:
+                    raise RegistrationError(f"{name}: piece [{off}, {off + n}) is outside bucket {k} of {size} bytes")
+                if pos + n > _nbytes(dtype, shape):
+                    raise RegistrationError(f"{name}: pieces hold more than its {_nbytes(dtype, shape)} bytes")
+                start = base + off
+                sources.append((k, start, start + n, name))
+                nbytes[k] += n
+                if dst is not None:
+                    src = buffers[b][start:start + n]
+                    if dst.dtype == torch.uint8:
+                        copies[k][0].append(src)
+                        copies[k][1].append(dst[pos:pos + n])
+                    else:  # pieces start and end on element boundaries (16-byte aligned stream)
+                        if (start % dtype.itemsize) or (n % dtype.itemsize):
+                            raise RegistrationError(f"{name}: a piece is not aligned to its {dtype} elements")
+                        copies[k][0].append(src.view(dtype))
+                        copies[k][1].append(dst[pos // dtype.itemsize:(pos + n) // dtype.itemsize])
+                    param = model.map_checkpoint_name(name)[0]
+                    params[k].add(param)
+                    owner, _, attr = param.rpartition(".")
+                    dests[k][param] = _Destination(model.get_submodule(owner), attr, param)
+                pos += n
+            if pos != _nbytes(dtype, shape):
+                raise RegistrationError(f"{name}: pieces hold {pos} of its {_nbytes(dtype, shape)} bytes")
+        # Buckets that share a buffer in turn overlap by design; within a bucket, no two
+        # pieces may read the same bytes (bucket number in the high bits: one sort for all).
+        cls._no_overlap([(s[1] + (s[0] << 60), s[2] + (s[0] << 60), s[3]) for s in sources], "read the same bytes")
+        cls._no_overlap(targets, "write the same memory")
+        return cls(buffers, specs, copies, params, [list(d.values()) for d in dests], nbytes, list(meta))
+
+    @staticmethod
+    def _no_overlap(intervals, what: str) -> None:
+        last_end, last_name = None, None
+        for start, end, name in sorted(intervals):
+            if last_end is not None and start < last_end:
+                raise RegistrationError(f"{last_name} and {name} {what}")
+            if last_end is None or end > last_end:
+                last_end, last_name = end, name
+
+    # ---- applying ---------------------------------------------------------------------
+    def check_buckets(self, buckets) -> list[int]:
+        if not (isinstance(buckets, (list, tuple)) and buckets and all(type(k) is int for k in buckets)):
+            raise RegistrationError(f"buckets must be a non-empty list of bucket numbers, got {buckets!r}")
+        bad = [k for k in buckets if not 0 <= k < self.num_buckets]
+        if bad:
+            raise RegistrationError(f"bucket {bad[0]} does not exist: {self.num_buckets} buckets were registered")
+        if len(set(buckets)) != len(buckets):
+            raise RegistrationError("a bucket is named more than once")
+        return list(buckets)
+
+    def check_destinations(self, buckets) -> None:
+        """Refuse (before any copy, or after the last) if a destination parameter of these
+        buckets is no longer where registration found it."""
+        for k in buckets:
+            for d in self.destinations[k]:
+                if d.moved():
+                    raise RegistrationError(f"{d.label} (bucket {k}) no longer lives where it was registered: "
+                                            f"the weights were rebound; register the buffers again")
+
+    def copy(self, buckets, mode: str) -> None:
+        """Copy these buckets' bytes into the weights (asynchronously on a GPU)."""
+        for k in buckets:
+            srcs, dsts = self.copies[k]
+            if mode == "graph":
+                graph = self.graphs.get(k) or self._capture(k)
+                graph.replay()
+            elif mode == "foreach":
+                if dsts:
+                    torch._foreach_copy_(dsts, srcs)
+            else:
+                for dst, src in zip(dsts, srcs):
+                    dst.copy_(src)
+
+    def _capture(self, k: int):
+        """Capture bucket ``k``'s copies as a CUDA graph (nothing is copied while capturing)."""
+        srcs, dsts = self.copies[k]
+        stream = torch.cuda.Stream(device=self.buffers[0].device)
+        stream.wait_stream(torch.cuda.current_stream(self.buffers[0].device))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            for dst, src in zip(dsts, srcs):
+                dst.copy_(src)
+        self.graphs[k] = graph
+        return graph
+
+
+def copy_mode(device, asked: str | None = None) -> str:
+    """How a registered bucket is copied: ``asked``, else ``COURSE_LIB_REGISTERED_COPY``
+    (loop, foreach, graph), else a CUDA graph on a GPU and a ``copy_`` loop on the CPU
+    (a graph asked for on the CPU is a loop: there is nothing to capture)."""
+    mode = asked or os.environ.get("COURSE_LIB_REGISTERED_COPY")
+    if mode is None:
+        return "graph" if torch.device(device).type == "cuda" else "loop"
+    if mode not in COPY_MODES:
+        raise RegistrationError(f"COURSE_LIB_REGISTERED_COPY={mode!r}; choose one of {COPY_MODES}")
+    if mode == "graph" and torch.device(device).type != "cuda":
+        return "loop"
+    return mode
