@@ -225,7 +225,7 @@ def test_cuda_copy_modes_write_the_same_bytes_and_a_rebind_is_refused(make_ckpt)
     sent = [(n, t.cuda()) for n, t in CheckpointReader(b).iter_tensors()]
     reference = Engine(a, device="cuda", enable_cuda_graph=True)
     reference.update_weights_from_tensor(sent)
-    for mode in ("loop", "foreach", "graph"):
+    for mode in ("loop", "foreach", "graph", "scatter"):
         engine = Engine(a, device="cuda", enable_cuda_graph=True)
         sender = RegisteredSender(sent, 1 << 20, device="cuda", resident=True)
         mine = sender.adopt(sent)

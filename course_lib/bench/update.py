@@ -37,6 +37,7 @@ from course_lib.weights import registered
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.layerwise import layer_key
 from course_lib.weights.transports import trainer
+from course_lib.weights.update import UpdateError
 
 
 def sync(device):
@@ -138,9 +139,13 @@ def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, r
     kind, registration = payloads.get(timeout=600)
     modes = {}
     for mode in (registered.COPY_MODES if compare_modes else ()):
-        if mode == "graph" and not is_cuda(engine.config.device):
+        if mode in ("graph", "scatter") and not is_cuda(engine.config.device):
             continue
-        reg = engine.register_weight_buffers(registration, copy_mode=mode)
+        try:
+            reg = engine.register_weight_buffers(registration, copy_mode=mode)
+        except UpdateError as exc:  # e.g. scatter without Triton: say so, measure the others
+            modes[mode] = str(exc)
+            continue
         every = list(range(reg["buckets"]))
         seconds = median_time(lambda: engine.update_weights_from_registered(every, reg["epoch"], flush_cache=False),
                               engine.config.device)
@@ -151,17 +156,21 @@ def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, r
     acks.put(reg["epoch"])
     per_round = []
     for _ in range(rounds):
-        item, t_start, engine_s, nbytes = payloads.get(timeout=600), None, 0.0, 0
+        item, engine_s, nbytes, phases = payloads.get(timeout=600), 0.0, 0, {}
         t_start = time.perf_counter()
         while item is not None:
             receipt, message = item
             t0 = time.perf_counter()
-            nbytes += engine.update_weights_from_registered(**message, flush_cache=False)["bytes"]
+            result = engine.update_weights_from_registered(**message, flush_cache=False)
             engine_s += time.perf_counter() - t0
+            nbytes += result["bytes"]
+            for phase, ms in result["timings_ms"].items():
+                phases[phase] = phases.get(phase, 0.0) + ms
             acks.put(receipt)
             item = payloads.get(timeout=600)
         per_round.append({"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9,
-                          "end_to_end_gbps": nbytes / (time.perf_counter() - t_start) / 1e9})
+                          "end_to_end_gbps": nbytes / (time.perf_counter() - t_start) / 1e9,
+                          "engine_ms_by_phase": phases})
     trainer.wait_for_exit(child, 600)
     engine.unregister_weight_buffers()
     engine.flush_cache()
@@ -287,6 +296,9 @@ def report(r: dict) -> None:
             rows += [(f"{label}, engine side", r[key]["engine_gbps"], copy, "copy"),
                      (f"{label}, end to end", r[key]["end_to_end_gbps"], copy, "copy")]
     for mode, gbps in r.get("registered_resident", {}).get("engine_gbps_by_copy_mode", {}).items():
+        if isinstance(gbps, str):
+            print(f"  registered copy mode {mode!r}: not measured ({gbps})")
+            continue
         rows.append((f"registered copy mode {mode!r}", gbps, copy, "copy"))
     for q, gbps in r.get("in_process_gbps", {}).items():
         rows.append((f"in-process from device tensors, {'unquantized' if q == 'None' else q}", gbps, copy, "copy"))
@@ -297,8 +309,10 @@ def report(r: dict) -> None:
     for name, gbps, denom, base in rows:
         ratio = f"{gbps / denom:6.0%} of {base}" if denom else ""
         print(f"  {name:<44} {gbps:8.1f} GB/s  {ratio}")
-    if "ipc" in r:
-        print("  IPC engine-side ms by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in r["ipc"]["engine_ms_by_phase"].items()))
+    for key in ("ipc", "registered", "registered_resident"):
+        if key in r:
+            print(f"  {key} engine-side ms by phase: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r[key]["engine_ms_by_phase"].items()))
     if r.get("transformers_gbps") and "disk_layer" in r:
         print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
               f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")

@@ -152,7 +152,7 @@ class WeightUpdates:
         registration; returns its ``epoch``, which every ``update_weights_from_registered``
         call must name (a trainer still sending for an old registration is refused). Writes
         no weight. Refused on quantized engines and tensor-parallel ranks. ``copy_mode``:
-        how each bucket's copies run ("loop", "foreach" or "graph"; default
+        how each bucket's copies run ("loop", "foreach", "graph" or "scatter"; default
         ``registered.copy_mode``: a CUDA graph per bucket on a GPU)."""
         self._refuse_sharded("registering buffers")
         try:
@@ -160,9 +160,7 @@ class WeightUpdates:
                 payload = safe_pickle.deserialize(payload)
             table = registered.RegisteredTable.build(self.model, payload, self.config.device, partial)
             mode = registered.copy_mode(self.config.device, copy_mode)
-            if mode == "graph":  # capture now: the first update then runs at full speed
-                for k in range(table.num_buckets):
-                    table._capture(k)
+            table.prepare(mode)
         except registered.RegistrationError as exc:
             raise UpdateError(f"registration refused: {exc}") from exc
         self._registration = (self._registration[0] + 1, table, mode)

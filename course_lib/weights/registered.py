@@ -22,7 +22,8 @@ byte; another is converted element by element, as ``copy_`` converts), destinati
 checkpoint tensor, none overlapping another. Then, per bucket, it keeps an immutable
 table of (source bytes, destination bytes) pairs: applying a bucket is those copies
 only, as a ``copy_`` loop, one ``torch._foreach_copy_``, or a replayed CUDA graph of the
-loop (buffers and destinations never move, so the graph captured once stays right).
+loop (buffers and destinations never move, so the graph captured once stays right), or
+one Triton kernel over a table of chunks (``scatter_copy.py``).
 
 Address safety: each destination parameter's identity (storage pointer, shape, stride,
 dtype, and that it is still the module's attribute) is recorded at registration and
@@ -36,10 +37,11 @@ from __future__ import annotations
 import os
 import torch
 
+from course_lib.weights import scatter_copy
 from course_lib.weights.bucket import ALIGN
 from course_lib.weights.copy_plan import CopyPlan
 
-COPY_MODES = ("loop", "foreach", "graph")
+COPY_MODES = ("loop", "foreach", "graph", "scatter")
 
 
 class RegistrationError(ValueError):
@@ -132,6 +134,16 @@ class RegisteredTable:
         self.nbytes = nbytes                  # per bucket: payload bytes
         self.names = names                    # checkpoint names registered
         self.graphs: dict[int, object] = {}   # bucket -> captured CUDA graph (mode "graph")
+        self.scatter_tables: list = []        # per bucket: scatter_copy's chunk table (mode "scatter")
+
+    def prepare(self, mode: str) -> None:
+        """Capture the CUDA graphs or build the scatter tables now, so the first update
+        runs at full speed (capturing copies nothing)."""
+        if mode == "graph":
+            for k in range(self.num_buckets):
+                self._capture(k)
+        if mode == "scatter":
+            self.scatter_tables = [scatter_copy.build_table(*self.copies[k]) for k in range(self.num_buckets)]
 
     @property
     def num_buckets(self) -> int:
@@ -276,9 +288,13 @@ class RegisteredTable:
 
     def check_destinations(self, buckets) -> None:
         """Refuse (before any copy, or after the last) if a destination parameter of these
-        buckets is no longer where registration found it."""
+        buckets is no longer where registration found it (each parameter checked once)."""
+        seen = set()
         for k in buckets:
             for d in self.destinations[k]:
+                if d.label in seen:
+                    continue
+                seen.add(d.label)
                 if d.moved():
                     raise RegistrationError(f"{d.label} (bucket {k}) no longer lives where it was registered: "
                                             f"the weights were rebound; register the buffers again")
@@ -290,6 +306,11 @@ class RegisteredTable:
             if mode == "graph":
                 graph = self.graphs.get(k) or self._capture(k)
                 graph.replay()
+            elif mode == "scatter" and self.scatter_tables[k] is not None:
+                scatter_copy.scatter(self.scatter_tables[k])
+            elif mode == "scatter":  # a bucket with unaligned or converted pieces
+                for dst, src in zip(dsts, srcs):
+                    dst.copy_(src)
             elif mode == "foreach":
                 if dsts:
                     torch._foreach_copy_(dsts, srcs)
@@ -321,4 +342,6 @@ def copy_mode(device, asked: str | None = None) -> str:
         raise RegistrationError(f"COURSE_LIB_REGISTERED_COPY={mode!r}; choose one of {COPY_MODES}")
     if mode == "graph" and torch.device(device).type != "cuda":
         return "loop"
+    if mode == "scatter" and not (torch.device(device).type == "cuda" and scatter_copy.available()):
+        raise RegistrationError("copy mode 'scatter' needs a GPU and Triton")
     return mode
