@@ -11,6 +11,8 @@ at call time, so ``course_lib.testing.plugged_commit`` can put a learner's versi
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from course_lib.layers.quant import discard_staged_weights, process_weights_after_loading
@@ -88,9 +90,11 @@ def layerwise_applier(engine, reader, names, use_snapshot: bool):
         reload = GuardedLayerwiseReload(engine.model, names, engine.config.device, rollback)
         device = engine.config.device if engine.config.is_cuda else "cpu"
         try:
-            for name, tensor in reader.iter_tensors(names, device=device):
-                reload.feed(name, tensor)
-                del tensor  # its memory is free for the next tensor: one layer held at a time
+            # closing: on a fault the reader stops at once (its threads joined, its file closed)
+            with contextlib.closing(reader.iter_tensors(names, device=device)) as tensors:
+                for name, tensor in tensors:
+                    reload.feed(name, tensor)
+                    del tensor  # its memory is free for the next tensor: one layer held at a time
             memory = reload.finish()
         except Exception as exc:
             engine._after_midstream_fault(reload.applied, exc, rollback)

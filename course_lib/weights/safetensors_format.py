@@ -105,7 +105,8 @@ def truncated(file, name: str, end: int) -> CheckpointError:
     return CheckpointError(f"{file}: truncated while being read ({name} ends at byte {end}); {_REWRITE_HINT}")
 
 
-def tensor_entries(header: dict, file, wanted: set[str] | None = None) -> list[tuple[str, torch.dtype, tuple, int, int]]:
+def tensor_entries(header: dict, file,
+                   wanted: set[str] | None = None) -> list[tuple[str, torch.dtype, tuple, int, int]]:
     """(name, dtype, shape, begin, end) of each tensor in ``header`` (or only ``wanted``),
     in file order; ``begin``/``end`` are offsets from the start of the data. A byte
     range that does not fit the shape and dtype is refused."""
