@@ -11,6 +11,8 @@ at call time, so ``course_lib.testing.plugged_commit`` can put a learner's versi
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from course_lib.layers.quant import discard_staged_weights, process_weights_after_loading
@@ -80,20 +82,27 @@ def layerwise_applier(engine, reader, names, use_snapshot: bool):
     """Stream a checkpoint one decoder layer at a time (``weights/layerwise.py``), each
     layer checked (finite values) before it is written and saved to a rollback point
     (``weights/rollback.py``) just before; a fault midway puts the written layers back
-    (from the rollback point, or from the full snapshot when ``use_snapshot``)."""
+    (from the rollback point, or from the full snapshot when ``use_snapshot``).
+    On a GPU the tensors are read in parallel into pinned buffers and arrive on the GPU
+    (``weights/pinned_reader.py``), reads overlapping the transfers and the writes."""
     def apply(timer: PhaseTimer) -> Applied:
         rollback = None if use_snapshot else RollbackPoint(engine.model)
         reload = GuardedLayerwiseReload(engine.model, names, engine.config.device, rollback)
+        device = engine.config.device if engine.config.is_cuda else "cpu"
         try:
-            for name, tensor in reader.iter_tensors(names):
-                reload.feed(name, tensor)
+            # closing: on a fault the reader stops at once (its threads joined, its file closed)
+            with contextlib.closing(reader.iter_tensors(names, device=device)) as tensors:
+                for name, tensor in tensors:
+                    reload.feed(name, tensor)
+                    del tensor  # its memory is free for the next tensor: one layer held at a time
             memory = reload.finish()
         except Exception as exc:
             engine._after_midstream_fault(reload.applied, exc, rollback)
         finally:
             if rollback is not None:
                 rollback.release()
-        memory["rollback_peak_bytes"] = reload.peak_rollback_bytes  # host memory, freed now
+        # Host memory: freed now on a CPU; on a GPU the pinned copy is kept for the next update.
+        memory["rollback_peak_bytes"] = reload.peak_rollback_bytes
         wall = timer.ms_since_lap()
         timer.ms.update({k: v for k, v in reload.ms.items() if k != "transfer"})
         timer.ms["transfer"] = max(0.0, wall - reload.ms["copy"] - reload.ms["post_process"])  # reading + H2D

@@ -130,12 +130,14 @@ class CheckpointReader:
 
     def iter_tensors(self, names=None, device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) one at a time, file by file (optionally only ``names``).
-        To a GPU, safetensors files go through pinned buffers (see pinned_reader.py)."""
+        To a GPU, safetensors files go through parallel reads into pinned buffers (see
+        pinned_reader.py). Either way a file rewritten or replaced since ``metadata()``
+        validated it, or changed while it is read, is refused (``CheckpointError``)."""
         wanted = None if names is None else set(names)
         if (self.format == "safetensors" and torch.device(device).type == "cuda"
                 and os.environ.get("COURSE_LIB_PINNED_READER", "1") != "0"):
-            for file in self._unique_files():
-                yield from iter_safetensors_to_gpu(file, wanted, device)
+            for file in self._unique_files():  # the same identity checks as the plain path below
+                yield from iter_safetensors_to_gpu(file, wanted, device, self._identity.get(file))
             return
         for file in self._unique_files():
             if self.format == "torch":

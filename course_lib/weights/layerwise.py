@@ -49,6 +49,7 @@ class LayerwiseReload:
         self.held_bytes = self.peak_held_bytes = 0
         self.ms = {"transfer": 0.0, "copy": 0.0, "post_process": 0.0}
         self._gpu = is_cuda(self.device)
+        self._laps: list = []  # (phase, start event, end event) on a GPU, resolved by finish()
         # Only quantized layers stage and post-process; for a model without them, skip the
         # per-tensor and per-layer walks over every module (they cost seconds at 8B).
         self._quantized = any(hasattr(m, "staging") for m in model.modules())
@@ -103,21 +104,44 @@ class LayerwiseReload:
 
     def _apply(self, key: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Write one complete layer: refuse non-finite values, run the model's loaders
-        (fusion, slicing, in-place copy) and post-processing (requantization), timed."""
+        (fusion, slicing, in-place copy) and post-processing (requantization), timed.
+        On a GPU nothing here waits for the copies (the finiteness check waits once, for
+        its flag): the next layer's reads overlap this layer's writes, and the allocator
+        reuses this layer's buffers only after the work queued on them."""
         if self.check_finite:
             check_finite(tensors)
-        t0 = time.perf_counter()
+        t0 = self._mark()
         copy_in_place(self.model, tensors, self.device)
         self._hold(0)  # staging weights of quantized layers exist now
-        t1 = time.perf_counter()
+        t1 = self._mark()
         if self._quantized:
             process_weights_after_loading(self.model)
-        if self._gpu:
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        self.ms["copy"] += 1e3 * (t1 - t0)
-        self.ms["post_process"] += 1e3 * (t2 - t1)
+        t2 = self._mark()
+        self._lap("copy", t0, t1)
+        self._lap("post_process", t1, t2)
         self.applied.append(key)
+
+    def _mark(self):
+        """A point in time: an event on the device's stream on a GPU (no waiting), else the clock."""
+        if not self._gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _lap(self, phase: str, start, end) -> None:
+        """Charge ``start`` to ``end`` to ``phase`` (on a GPU when ``finish`` has the events' times)."""
+        if self._gpu:
+            self._laps.append((phase, start, end))
+        else:
+            self.ms[phase] += 1e3 * (end - start)
+
+    def _settle_laps(self) -> None:
+        if self._laps:
+            self._laps[-1][2].synchronize()  # the last layer's work is done, so every earlier event
+            for phase, start, end in self._laps:
+                self.ms[phase] += start.elapsed_time(end)
+            self._laps.clear()
 
     @staticmethod
     def is_written() -> bool:
@@ -142,6 +166,7 @@ class LayerwiseReload:
         if waiting:
             raise UpdateError(f"update ended with layers incomplete: {list(waiting.items())[:2]}")
         stats = {"layers": len(self.applied), "peak_held_bytes": self.peak_held_bytes}
+        self._settle_laps()
         if self._gpu:
             stats["gpu_peak_extra_bytes"] = max(0, torch.cuda.max_memory_allocated() - self._gpu_start)
         return stats

@@ -76,6 +76,52 @@ def file_identity(file) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+_REWRITE_HINT = "trainers should write a new checkpoint elsewhere, then rename it into place"
+
+
+def open_checked(file, identity: tuple[int, int, int] | None) -> tuple[int, tuple[int, int, int]]:
+    """Open ``file`` for reading: (fd, its identity now). ``identity`` (from ``file_identity``
+    when the file was validated): a file rewritten or replaced since is refused, closed
+    again, before any of its bytes are used. Every reader of tensor data calls this."""
+    fd = os.open(file, os.O_RDONLY)
+    st = os.fstat(fd)
+    now = (st.st_ino, st.st_size, st.st_mtime_ns)
+    if identity is not None and now != tuple(identity):
+        os.close(fd)
+        raise CheckpointError(f"{file}: changed since it was validated (rewritten or replaced); {_REWRITE_HINT}")
+    return fd, now
+
+
+def check_unchanged(fd: int, file, start: tuple[int, int, int]) -> None:
+    """Refuse a file that changed (size or modification time) since ``open_checked``:
+    called after bytes were read and before they are used."""
+    st = os.fstat(fd)
+    if (st.st_size, st.st_mtime_ns) != tuple(start[1:]):
+        raise CheckpointError(f"{file}: changed while being read; {_REWRITE_HINT}")
+
+
+def truncated(file, name: str, end: int) -> CheckpointError:
+    """The error for a read that found the end of ``file`` before tensor ``name`` ended."""
+    return CheckpointError(f"{file}: truncated while being read ({name} ends at byte {end}); {_REWRITE_HINT}")
+
+
+def tensor_entries(header: dict, file,
+                   wanted: set[str] | None = None) -> list[tuple[str, torch.dtype, tuple, int, int]]:
+    """(name, dtype, shape, begin, end) of each tensor in ``header`` (or only ``wanted``),
+    in file order; ``begin``/``end`` are offsets from the start of the data. A byte
+    range that does not fit the shape and dtype is refused."""
+    out = []
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        if wanted is not None and name not in wanted:
+            continue
+        dtype, shape = safetensors_dtype(info["dtype"], file), tuple(info["shape"])
+        begin, end = info["data_offsets"]
+        if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
+            raise CheckpointError(f"{file}: {name} has {end - begin} bytes for shape {shape} of {dtype}")
+        out.append((name, dtype, shape, begin, end))
+    return out
+
+
 def iter_safetensors_file(file, wanted: set[str] | None = None,
                           identity: tuple[int, int, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for each tensor of ``file`` (or only ``wanted``), in file order,
@@ -84,40 +130,21 @@ def iter_safetensors_file(file, wanted: set[str] | None = None,
 
     ``identity`` (from ``file_identity`` when the file was validated): a file rewritten
     or replaced since is refused before its bytes are used, and one that changes while
-    it is read is refused as soon as that is seen (size or modification time)."""
+    it is read is refused as soon as that is seen (size or modification time). The
+    parallel reader (``pinned_reader.py``) makes the same checks with the same functions."""
     file = Path(file)
-    fd = os.open(file, os.O_RDONLY)
+    fd, start = open_checked(file, identity)
     try:
-        st = os.fstat(fd)
-        start = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if identity is not None and start != identity:
-            raise CheckpointError(f"{file}: changed since it was validated (rewritten or replaced); "
-                                  f"trainers should write a new checkpoint elsewhere, then rename it into place")
         header, data_start = read_safetensors_header(file)
-        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            if wanted is not None and name not in wanted:
-                continue
-            yield name, _read_tensor(fd, file, name, info, data_start, start)
+        for name, dtype, shape, begin, end in tensor_entries(header, file, wanted):
+            raw = torch.empty(end - begin, dtype=torch.uint8)
+            view, done = memoryview(raw.numpy()), 0
+            while done < len(view):
+                got = os.preadv(fd, [view[done:]], data_start + begin + done)
+                if got <= 0:
+                    raise truncated(file, name, data_start + end)
+                done += got
+            check_unchanged(fd, file, start)
+            yield name, raw.view(dtype).view(shape)
     finally:
         os.close(fd)
-
-
-def _read_tensor(fd: int, file: Path, name: str, info: dict, data_start: int, start: tuple) -> torch.Tensor:
-    dtype, shape = safetensors_dtype(info["dtype"], file), tuple(info["shape"])
-    begin, end = info["data_offsets"]
-    if end - begin != math.prod(shape) * dtype.itemsize:
-        raise CheckpointError(f"{file}: {name} has {end - begin} bytes for shape {shape} of {dtype}")
-    raw = torch.empty(end - begin, dtype=torch.uint8)
-    view, done = memoryview(raw.numpy()), 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], data_start + begin + done)
-        if got <= 0:
-            raise CheckpointError(f"{file}: truncated while being read ({name} ends at byte "
-                                  f"{data_start + end}); trainers should write a new checkpoint "
-                                  f"elsewhere, then rename it into place")
-        done += got
-    st = os.fstat(fd)
-    if (st.st_size, st.st_mtime_ns) != start[1:]:
-        raise CheckpointError(f"{file}: changed while being read; trainers should write a new checkpoint "
-                              f"elsewhere, then rename it into place")
-    return raw.view(dtype).view(shape)

@@ -1,0 +1,72 @@
+"""Time the hot disk update (layer by layer, page-cached) for several reader settings, same run.
+
+    python scripts/disk_update_sweep.py --preset qwen3-8b --threads 8 16 --chunk-mb 32 64 128
+
+Each setting: one warm-up update (fills the page cache, allocates the pinned ring and
+the rollback slabs), then the median of ``--repeat`` timed updates alternating two
+checkpoints. Prints GB/s, the ratio to pinned host-to-device, the phases and the extra
+GPU memory against the largest layer. ``--device cpu`` runs it (slowly) without a GPU.
+"""
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from course_lib import Engine
+from course_lib.weights import pinned_reader
+from course_lib.weights.checkpoint import CheckpointReader, make_random
+from course_lib.weights.layerwise import layer_key
+
+
+def pinned_h2d_gbps(nbytes: int) -> float:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    return nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="qwen3-1.7b")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, nargs="+", default=[pinned_reader.READ_THREADS])
+    p.add_argument("--chunk-mb", type=int, nargs="+", default=[pinned_reader.CHUNK_BYTES >> 20])
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    gpu = args.device.startswith("cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [make_random(f"{tmp}/{k}", args.preset, seed=k, device=args.device if gpu else "cpu") for k in (1, 2)]
+        meta = CheckpointReader(paths[0]).metadata()
+        nbytes = sum(torch.Size(s).numel() * d.itemsize for s, d in meta.values())
+        layers = {}
+        for name, (s, d) in meta.items():
+            layers[layer_key(name)] = layers.get(layer_key(name), 0) + torch.Size(s).numel() * d.itemsize
+        h2d = pinned_h2d_gbps(min(nbytes, 4 << 30)) if gpu else None
+        print(f"{args.preset}: {nbytes / 1e9:.2f} GB, largest layer {max(layers.values()) / 1e9:.3f} GB"
+              + (f", pinned H2D {h2d:.1f} GB/s" if h2d else ""))
+        engine = Engine(paths[0], device=args.device, max_num_seqs=8, max_model_len=512)
+        for threads in args.threads:
+            for chunk in args.chunk_mb:
+                pinned_reader.READ_THREADS, pinned_reader.CHUNK_BYTES = threads, chunk << 20
+                engine.update_weights_from_disk(paths[1])  # warm-up
+                times, last = [], None
+                for k in range(args.repeat):
+                    t0 = time.perf_counter()
+                    last = engine.update_weights_from_disk(paths[k % 2])
+                    times.append(time.perf_counter() - t0)
+                gbps = nbytes / statistics.median(times) / 1e9
+                extra = last["memory"].get("gpu_peak_extra_bytes", 0)
+                ratio = f" = {gbps / h2d:4.0%} of pinned H2D" if h2d else ""
+                phases = ", ".join(f"{k} {v:.0f}" for k, v in last["timings_ms"].items())
+                print(f"threads {threads:2d}, chunk {chunk:4d} MiB: {gbps:6.1f} GB/s{ratio}; "
+                      f"extra GPU {extra / 1e9:.3f} GB ({extra / max(layers.values()):.2f}x largest layer); {phases} ms")
+
+
+if __name__ == "__main__":
+    main()
