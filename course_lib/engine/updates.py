@@ -153,7 +153,8 @@ class WeightUpdates:
         call must name (a trainer still sending for an old registration is refused). Writes
         no weight. Refused on quantized engines and tensor-parallel ranks. ``copy_mode``:
         how each bucket's copies run ("loop", "foreach", "graph" or "scatter"; default
-        ``registered.copy_mode``: a CUDA graph per bucket on a GPU)."""
+        ``registered.copy_mode``: on a GPU one scatter kernel per bucket, or a CUDA graph
+        without Triton)."""
         self._refuse_sharded("registering buffers")
         try:
             if isinstance(payload, (str, bytes)):

@@ -25,9 +25,9 @@ if triton is not None:
     @triton.jit
     def _scatter(table, BLOCK: tl.constexpr):
         row = tl.program_id(0) * 3
-        src = tl.load(table + row).to(tl.pointer_type(tl.int32))
-        dst = tl.load(table + row + 1).to(tl.pointer_type(tl.int32))
-        n = tl.load(table + row + 2)  # int32 words, a multiple of 4 (16 bytes)
+        src = tl.load(table + row).to(tl.pointer_type(tl.int64))
+        dst = tl.load(table + row + 1).to(tl.pointer_type(tl.int64))
+        n = tl.load(table + row + 2)  # 8-byte words (pieces are 16-byte multiples)
         offs = tl.arange(0, BLOCK)
         for start in range(0, n, BLOCK):
             idx = start + offs
@@ -51,7 +51,7 @@ def build_table(sources, destinations) -> torch.Tensor | None:
             return None
         for start in range(0, n, CHUNK_BYTES):
             take = min(CHUNK_BYTES, n - start)
-            rows.append((a + start, b + start, take // 4))
+            rows.append((a + start, b + start, take // 8))
     if not rows:
         return None
     return torch.tensor(rows, dtype=torch.int64, device=sources[0].device)
@@ -59,4 +59,4 @@ def build_table(sources, destinations) -> torch.Tensor | None:
 
 def scatter(table: torch.Tensor) -> None:
     """Copy every chunk of ``table`` in one launch (on the current stream)."""
-    _scatter[(table.shape[0],)](table, BLOCK=4096, num_warps=8)
+    _scatter[(table.shape[0],)](table, BLOCK=2048, num_warps=8)

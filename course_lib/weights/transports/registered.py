@@ -54,11 +54,13 @@ class RegisteredSender:
     def num_buckets(self) -> int:
         return len(self.layout["buckets"])
 
-    def registration(self) -> str:
-        """The payload for ``register_weight_buffers`` (serialized: the buffers travel as
-        CUDA IPC handles or shared memory, the layout as plain lists)."""
-        return safe_pickle.serialize({"buffers": self.buffers, "buckets": self.layout["buckets"],
-                                      "tensors": self.layout["tensors"]})
+    def registration(self, serialized: bool = True) -> str | dict:
+        """The payload for ``register_weight_buffers``: serialized for another process (the
+        buffers travel as CUDA IPC handles or shared memory, the layout as plain lists), or
+        the dict itself for an engine in this process (a CUDA IPC handle cannot be opened
+        by the process that made it)."""
+        payload = {"buffers": self.buffers, "buckets": self.layout["buckets"], "tensors": self.layout["tensors"]}
+        return safe_pickle.serialize(payload) if serialized else payload
 
     def adopt(self, named_tensors) -> list[tuple[str, torch.Tensor]]:
         """(resident only) Copy the tensors into the registered buffer once and return
