@@ -38,6 +38,9 @@ def main():
     p.add_argument("--threads", type=int, nargs="+", default=[pinned_reader.READ_THREADS])
     p.add_argument("--chunk-mb", type=int, nargs="+", default=[pinned_reader.CHUNK_BYTES >> 20])
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rollback", choices=["on", "off", "both"], default="on",
+                   help="off: take a snapshot first (keep_snapshot=True), so the streamed update saves no "
+                        "rollback copies; shows what the rollback's device-to-host traffic costs")
     args = p.parse_args()
     gpu = args.device.startswith("cuda")
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,21 +54,26 @@ def main():
         print(f"{args.preset}: {nbytes / 1e9:.2f} GB, largest layer {max(layers.values()) / 1e9:.3f} GB"
               + (f", pinned H2D {h2d:.1f} GB/s" if h2d else ""))
         engine = Engine(paths[0], device=args.device, max_num_seqs=8, max_model_len=512)
-        for threads in args.threads:
-            for chunk in args.chunk_mb:
-                pinned_reader.READ_THREADS, pinned_reader.CHUNK_BYTES = threads, chunk << 20
-                engine.update_weights_from_disk(paths[1])  # warm-up
-                times, last = [], None
-                for k in range(args.repeat):
-                    t0 = time.perf_counter()
-                    last = engine.update_weights_from_disk(paths[k % 2])
-                    times.append(time.perf_counter() - t0)
-                gbps = nbytes / statistics.median(times) / 1e9
-                extra = last["memory"].get("gpu_peak_extra_bytes", 0)
+        settings = [(t, c, r) for t in args.threads for c in args.chunk_mb
+                    for r in ((True, False) if args.rollback == "both" else (args.rollback == "on",))]
+        for threads, chunk, rollback in settings:
+            pinned_reader.READ_THREADS, pinned_reader.CHUNK_BYTES = threads, chunk << 20
+            engine.update_weights_from_disk(paths[1])  # warm-up
+            times, last = [], None
+            for k in range(args.repeat):
+                t0 = time.perf_counter()
+                last = engine.update_weights_from_disk(paths[k % 2], keep_snapshot=not rollback)
+                times.append(time.perf_counter() - t0)
+            gbps = nbytes / statistics.median(times) / 1e9
+            extra = last["memory"].get("gpu_peak_extra_bytes", 0)
+            ratio = f" = {gbps / h2d:4.0%} of pinned H2D" if h2d else ""
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in last["timings_ms"].items())
+            if not rollback:  # the snapshot is taken before the stream: time the stream alone
+                gbps = nbytes / (sum(v for k, v in last["timings_ms"].items() if k != "snapshot") / 1e3) / 1e9
                 ratio = f" = {gbps / h2d:4.0%} of pinned H2D" if h2d else ""
-                phases = ", ".join(f"{k} {v:.0f}" for k, v in last["timings_ms"].items())
-                print(f"threads {threads:2d}, chunk {chunk:4d} MiB: {gbps:6.1f} GB/s{ratio}; "
-                      f"extra GPU {extra / 1e9:.3f} GB ({extra / max(layers.values()):.2f}x largest layer); {phases} ms")
+            print(f"threads {threads:2d}, chunk {chunk:4d} MiB, rollback {'on ' if rollback else 'off'}: "
+                  f"{gbps:6.1f} GB/s{ratio}; "
+                  f"extra GPU {extra / 1e9:.3f} GB ({extra / max(layers.values()):.2f}x largest layer); {phases} ms")
 
 
 if __name__ == "__main__":
