@@ -4,7 +4,9 @@
 # (torch, safetensors, transformers and pytest are already there).
 #   bash scripts/gpu_check.sh          tests + judge + benchmarks at ~0.6B / ~1.7B
 #   bash scripts/gpu_check.sh tests    tests and the judge only (no benchmarks)
-#   bash scripts/gpu_check.sh large    the ~8B benchmarks only
+#   bash scripts/gpu_check.sh large    the ~8B decode and update benchmarks only
+#   bash scripts/gpu_check.sh large-hot  the ~8B restart-vs-hot benchmark and the disk reader sweep
+#                                      (each "large" call stays under ten minutes)
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +16,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 status=0
+if [ "${1:-}" = "large-hot" ]; then
+    python -m course_lib.bench hot-vs-cold --preset qwen3-8b --json "$out/hot_vs_cold_qwen3-8b.json" 2>&1 | grep -v "it/s]" || status=1
+    PYTHONPATH=$PWD python scripts/disk_update_sweep.py --preset qwen3-8b --threads 16 --chunk-mb 64 --rollback both \
+        2>&1 | grep -v "it/s]" | tee "$out/disk_sweep_qwen3-8b.txt" || status=1
+    exit $status
+fi
 if [ "${1:-}" = "large" ]; then
     python -m course_lib.bench decode --preset qwen3-8b --batch 1 8 --json "$out/decode_qwen3-8b.json" || status=1
     python -m course_lib.bench update --preset qwen3-8b --bucket-mb 1024 --json "$out/update_qwen3-8b.json" 2>&1 | grep -v "it/s]" || status=1
