@@ -85,6 +85,25 @@ def per_tensor_loop(engine: Engine, reader: CheckpointReader) -> float:
     return nbytes / seconds / 1e9
 
 
+def take_round(item, payloads, acks, apply) -> dict:
+    """Apply one round's messages from a trainer process (``item`` is its first; the
+    round ends with None), acknowledging each: bytes, engine-side and end-to-end GB/s,
+    and the engine's milliseconds by phase."""
+    t_start, engine_s, nbytes, phases = time.perf_counter(), 0.0, 0, {}
+    while item is not None:
+        receipt, payload = item
+        t0 = time.perf_counter()
+        result = apply(payload)
+        engine_s += time.perf_counter() - t0
+        nbytes += result["bytes"]
+        for phase, ms in result["timings_ms"].items():
+            phases[phase] = phases.get(phase, 0.0) + ms
+        acks.put(receipt)
+        item = payloads.get(timeout=600)
+    return {"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9,
+            "end_to_end_gbps": nbytes / (time.perf_counter() - t_start) / 1e9, "engine_ms_by_phase": phases}
+
+
 def ipc_update(engine: Engine, path, bucket_bytes: int, rounds: int = 2) -> dict:
     """A trainer process pushes the checkpoint ``rounds`` times through the same two
     buffers; returns engine-side and end-to-end GB/s of the last round (the steady state
@@ -99,21 +118,8 @@ def ipc_update(engine: Engine, path, bucket_bytes: int, rounds: int = 2) -> dict
     per_round = []
     item = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
     for _ in range(rounds):
-        t_start, engine_s, nbytes = time.perf_counter(), 0.0, 0
-        phases: dict[str, float] = {}
-        while item is not None:
-            receipt, payload = item
-            t0 = time.perf_counter()
-            result = engine.update_weights_from_tensor(payload, load_format="flattened_bucket", flush_cache=False)
-            engine_s += time.perf_counter() - t0
-            nbytes += result["bytes"]
-            for phase, ms in result["timings_ms"].items():
-                phases[phase] = phases.get(phase, 0.0) + ms
-            acks.put(receipt)
-            item = payloads.get(timeout=600)
-        end_to_end = time.perf_counter() - t_start
-        per_round.append({"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9,
-                          "end_to_end_gbps": nbytes / end_to_end / 1e9, "engine_ms_by_phase": phases})
+        per_round.append(take_round(item, payloads, acks, lambda payload: engine.update_weights_from_tensor(
+            payload, load_format="flattened_bucket", flush_cache=False)))
         if len(per_round) < rounds:
             item = payloads.get(timeout=600)  # the next round's first bucket
     trainer.wait_for_exit(child, 600)
@@ -154,23 +160,9 @@ def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, r
     reg = engine.register_weight_buffers(registration)
     register_ms = 1e3 * (time.perf_counter() - t0)
     acks.put(reg["epoch"])
-    per_round = []
-    for _ in range(rounds):
-        item, engine_s, nbytes, phases = payloads.get(timeout=600), 0.0, 0, {}
-        t_start = time.perf_counter()
-        while item is not None:
-            receipt, message = item
-            t0 = time.perf_counter()
-            result = engine.update_weights_from_registered(**message, flush_cache=False)
-            engine_s += time.perf_counter() - t0
-            nbytes += result["bytes"]
-            for phase, ms in result["timings_ms"].items():
-                phases[phase] = phases.get(phase, 0.0) + ms
-            acks.put(receipt)
-            item = payloads.get(timeout=600)
-        per_round.append({"bytes": nbytes, "engine_gbps": nbytes / engine_s / 1e9,
-                          "end_to_end_gbps": nbytes / (time.perf_counter() - t_start) / 1e9,
-                          "engine_ms_by_phase": phases})
+    per_round = [take_round(payloads.get(timeout=600), payloads, acks,
+                            lambda message: engine.update_weights_from_registered(**message, flush_cache=False))
+                 for _ in range(rounds)]
     trainer.wait_for_exit(child, 600)
     engine.unregister_weight_buffers()
     engine.flush_cache()

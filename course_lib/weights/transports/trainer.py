@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 
 import torch
 
@@ -33,17 +34,22 @@ def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "
     time (the next is packed while the engine applies the last); a bucket's buffer is
     reused only after its receipt comes back on ``acks``. Each round (one whole update)
     ends with ``None``; later rounds reuse the same buffers, as an RL trainer's steps do."""
-    from collections import deque
-
     share_cores(device)
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
     sender = BucketSender(bucket_bytes, device=device, num_buffers=num_buffers)
+    send_rounds(sender, tensors, payloads, acks, num_buffers, rounds)
+
+
+def send_rounds(sender, tensors, payloads, acks, num_buffers: int, rounds: int) -> None:
+    """Each round: put ``(receipt, payload)`` for every message of ``sender.payloads``, at
+    most ``num_buffers`` unacknowledged (a buffer is reused only after its receipt comes
+    back on ``acks``, in order), then ``None``."""
     in_flight: deque[int] = deque()
 
     def wait_for_ack():
         acked, expected = acks.get(), in_flight.popleft()
         if acked != expected:
-            raise RuntimeError(f"acknowledged bucket {acked}, expected {expected}")
+            raise RuntimeError(f"acknowledged message {acked}, expected {expected}")
         sender.release(acked)
 
     for _ in range(rounds):
@@ -51,7 +57,7 @@ def push_ipc(checkpoint_path, payloads, acks, bucket_bytes: int, device: str = "
             payloads.put((receipt, payload))
             in_flight.append(receipt)
             if len(in_flight) == num_buffers:
-                wait_for_ack()  # frees the buffer the next bucket will be packed into
+                wait_for_ack()  # frees the buffer the next message will be packed into
         while in_flight:
             wait_for_ack()
         payloads.put(None)
@@ -64,8 +70,6 @@ def push_registered(checkpoint_path, payloads, acks, bucket_bytes: int, device: 
     (``update_weights_from_registered``'s ``buckets`` and ``epoch``), at most
     ``num_buffers`` unacknowledged; each round ends with ``None``. ``resident``: the
     weights live in the registered buffer (one message per round, nothing packed)."""
-    from collections import deque
-
     share_cores(device)
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
     sender = RegisteredSender(tensors, bucket_bytes, device, num_buffers, resident)
@@ -73,23 +77,7 @@ def push_registered(checkpoint_path, payloads, acks, bucket_bytes: int, device: 
         tensors = sender.adopt(tensors)  # the trainer's weights now live in the shared buffer
     payloads.put(("register", sender.registration()))
     sender.epoch = acks.get()
-    in_flight: deque[int] = deque()
-
-    def wait_for_ack():
-        acked, expected = acks.get(), in_flight.popleft()
-        if acked != expected:
-            raise RuntimeError(f"acknowledged message {acked}, expected {expected}")
-        sender.release(acked)
-
-    for _ in range(rounds):
-        for receipt, message in sender.payloads(tensors):
-            payloads.put((receipt, message))
-            in_flight.append(receipt)
-            if len(in_flight) == num_buffers:
-                wait_for_ack()
-        while in_flight:
-            wait_for_ack()
-        payloads.put(None)
+    send_rounds(sender, tensors, payloads, acks, num_buffers, rounds)
 
 
 def push_broadcast(checkpoint_path, master_port: int, announcements, bucket_bytes: int, world_size: int = 2,
