@@ -70,26 +70,26 @@ def error_of(excinfo, status: int, code: str) -> str:
     return exc.message
 
 
-@pytest.mark.parametrize("resident", [False, True], ids=["two-buffers", "resident"])
-def test_a_trainer_process_registers_over_http_then_sends_bucket_numbers(server, ckpts, resident):
-    """Two buffers: one message per bucket. Resident: one message naming every bucket."""
-    new = ckpts[1]
+def sync_from_trainer(url: str, new, device: str, bucket_bytes: int, resident: bool) -> tuple[dict, int]:
+    """A trainer process registers ``new``'s tensors over HTTP, then sends two rounds of
+    bucket numbers, each acknowledged once the server replied; the flow ends flushed and
+    resumed. Returns the registration's reply and the number of update messages."""
     payloads, acks = CTX.Queue(), CTX.Queue()
-    child = CTX.Process(target=trainer.push_registered, args=(new, payloads, acks, BUCKET, "cpu", 2, 2, resident))
+    child = CTX.Process(target=trainer.push_registered, args=(new, payloads, acks, bucket_bytes, device, 2, 2,
+                                                              resident))
     child.start()
     try:
-        with EngineClient(server.url, timeout=120) as client:
-            kind, registration = payloads.get(timeout=60)
+        with EngineClient(url, timeout=120) as client:
+            kind, registration = payloads.get(timeout=120)
             assert kind == "register" and isinstance(registration, str)
             reg = client.register_weight_buffers(registration)
-            assert reg["success"] and reg["buckets"] > 3 and reg["copy_mode"] == "loop"
-            assert reg["tensors"] == len(CheckpointReader(new).metadata()) and reg["bytes"] > 0
+            assert reg["success"] and reg["tensors"] == len(CheckpointReader(new).metadata()) and reg["bytes"] > 0
             acks.put(reg["epoch"])
             client.pause_generation("retract")
             client.flush_until_done(interval_s=0.01)
             messages = 0
             for round_ in range(2):  # the same buffers, step after step
-                while (item := payloads.get(timeout=60)) is not None:
+                while (item := payloads.get(timeout=120)) is not None:
                     receipt, message = item
                     assert set(message) == {"epoch", "buckets"}  # integers only: no tensor, no handle
                     result = client.update_weights_from_registered(**message, weight_version=f"step-{round_}",
@@ -101,14 +101,39 @@ def test_a_trainer_process_registers_over_http_then_sends_bucket_numbers(server,
             client.continue_generation()
             assert client.get_weight_version() == {"weight_version": "step-1", "weight_update_count": messages}
             assert client.unregister_weight_buffers()["success"]
-        assert trainer.wait_for_exit(child) == 0 and messages == (2 if resident else 2 * reg["buckets"])
+        assert trainer.wait_for_exit(child, 120) == 0
     finally:
         if child.is_alive():
             child.kill()
+    return reg, messages
+
+
+@pytest.mark.parametrize("resident", [False, True], ids=["two-buffers", "resident"])
+def test_a_trainer_process_registers_over_http_then_sends_bucket_numbers(server, ckpts, resident):
+    """Two buffers: one message per bucket. Resident: one message naming every bucket."""
+    new = ckpts[1]
+    reg, messages = sync_from_trainer(server.url, new, "cpu", BUCKET, resident)
+    assert reg["buckets"] > 3 and reg["copy_mode"] == "loop"
+    assert messages == (2 if resident else 2 * reg["buckets"])
     served = httpx.post(f"{server.url}/generate", json={"text": PROMPTS, "sampling_params": GREEDY}, timeout=60)
     assert [o["output_ids"] for o in served.json()] == [o["output_ids"] for o in Engine(new).generate(PROMPTS, GREEDY)]
     server.worker.call_sync(lambda e: assert_hot_equals_cold(e, new, PROMPTS), timeout=60)
     server.worker.call_sync(assert_addresses_unchanged, timeout=60)
+
+
+GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=512, torch_dtype="bfloat16")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("resident", [False, True], ids=["two-buffers", "resident"])
+def test_cuda_ipc_buffers_registered_over_http_under_cuda_graphs(make_ckpt, resident):
+    a, b = make_ckpt("small", seed=93, **GPU_SHAPE), make_ckpt("small", seed=94, **GPU_SHAPE)
+    with BackgroundServer(Engine(a, device="cuda", enable_cuda_graph=True), allow_weight_update=True) as srv:
+        reg, _ = sync_from_trainer(srv.url, b, "cuda", 1 << 20, resident)
+        assert reg["copy_mode"] in ("scatter", "graph") and reg["buckets"] > 1
+        srv.worker.call_sync(assert_addresses_unchanged, timeout=120)
+        srv.worker.call_sync(lambda e: assert_hot_equals_cold(e, b, PROMPTS, max_new_tokens=12), timeout=300)
 
 
 def test_stale_epochs_and_unknown_buckets_are_400s_that_change_nothing(server, ckpts):
