@@ -4,7 +4,8 @@
 themselves: each hands ``EngineWorker`` a small function of the engine and awaits it, so
 every engine call runs on the engine's own thread between two steps. Payload decoding
 (base64 and the allowlisted unpickler) runs in a thread pool, off both that thread and
-the event loop.
+the event loop. Three routes are ours, not SGLang's: registered buffers (register once,
+then update by bucket numbers; ``add_registered_routes``), in the same style as the rest.
 
 Every request field is checked here or in ``schemas`` (a 400 naming the field) before the
 engine sees it; a /generate whose client disconnects has its requests aborted; NaN and
@@ -26,6 +27,7 @@ from course_lib.server import schemas as s
 from course_lib.server.errors import ApiError, from_engine_exception, install_handlers
 from course_lib.server.guard import GuardMiddleware
 from course_lib.server.worker import EngineWorker
+from course_lib.weights import safe_pickle
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 
@@ -146,6 +148,7 @@ def create_app(engine, allow_weight_update: bool = False, api_key: str | None = 
     install_handlers(app)
     add_serving_routes(app, engine, worker)
     add_update_routes(app, engine, worker)
+    add_registered_routes(app, engine, worker)
     add_group_routes(app, engine, worker)
     add_read_routes(app, worker)
     return app
@@ -229,6 +232,32 @@ def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
     @app.post("/update_weight_version")
     async def update_weight_version(req: s.VersionRequest):
         return await worker.call(lambda e: e.update_weight_version(str(req.new_version)))
+
+
+def add_registered_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
+    """Registered buffers (weights/registered.py): the layout once, then bucket numbers."""
+
+    @app.post("/register_weight_buffers")
+    async def register_weight_buffers(req: s.RegisterRequest, request: Request):
+        try:  # maps the trainer's buffers: off the engine thread, like a tensor payload
+            payload = await run_in_threadpool(safe_pickle.deserialize, req.serialized_payload)
+        except Exception as exc:  # noqa: BLE001 - unsafe or malformed pickles become 400s
+            raise from_engine_exception(exc, engine) from None
+        # A registration nobody waits for is not made: it would replace the live one (a new
+        # epoch) and refuse the updates of the trainer still sending for it.
+        return await call_unless_disconnected(worker, request, lambda e: e.register_weight_buffers(
+            payload, partial=req.partial, copy_mode=req.copy_mode))
+
+    @app.post("/update_weights_from_registered")
+    async def update_weights_from_registered(req: s.RegisteredUpdateRequest, request: Request):
+        version = s.version_text(req.weight_version)
+        return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_registered(
+            req.buckets, req.epoch, weight_version=version, flush_cache=req.flush_cache,
+            abort_all_requests=req.abort_all_requests))
+
+    @app.post("/unregister_weight_buffers")
+    async def unregister_weight_buffers():
+        return await worker.call(lambda e: e.unregister_weight_buffers())
 
 
 def add_group_routes(app: FastAPI, engine, worker: EngineWorker) -> None:

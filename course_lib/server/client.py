@@ -99,6 +99,23 @@ class EngineClient:
             "serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
             "flush_cache": flush_cache, "weight_version": weight_version, "abort_all_requests": abort_all_requests})
 
+    def register_weight_buffers(self, serialized_payload: str, partial: bool = False,
+                                copy_mode: str | None = None) -> dict:
+        """Register a trainer's buffers and layout once (``RegisteredSender.registration()``);
+        the reply's ``epoch`` goes with every ``update_weights_from_registered``."""
+        return self.request("POST", "/register_weight_buffers", json={
+            "serialized_payload": serialized_payload, "partial": partial, "copy_mode": copy_mode})
+
+    def update_weights_from_registered(self, buckets, epoch: int, weight_version=None, flush_cache: bool = True,
+                                       abort_all_requests: bool = False) -> dict:
+        """Copy these registered buckets into the weights; returns once the buffers may be reused."""
+        return self.request("POST", "/update_weights_from_registered", json={
+            "buckets": list(buckets), "epoch": epoch, "weight_version": weight_version, "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests})
+
+    def unregister_weight_buffers(self) -> dict:
+        return self.request("POST", "/unregister_weight_buffers", json={})
+
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str | None = None) -> dict:
         return self.request("POST", "/init_weights_update_group", json={

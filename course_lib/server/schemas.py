@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from course_lib.server.errors import ApiError
 from course_lib.weights.transports import dist as dist_transport
@@ -60,6 +60,21 @@ class TensorUpdateRequest(Body):
     load_format: str | None = None
     flush_cache: bool = True
     weight_version: Version = None
+    abort_all_requests: bool = False
+
+
+class RegisterRequest(Body):
+    serialized_payload: str  # RegisteredSender.registration(): the buffers' handles and the whole layout
+    partial: bool = False
+    copy_mode: str | None = None  # loop / foreach / graph / scatter; None: the engine's default
+
+
+class RegisteredUpdateRequest(Body):
+    # Strict: a bucket "3" or an epoch 1.0 is a client bug, not a number to guess at.
+    buckets: list[StrictInt]
+    epoch: StrictInt
+    weight_version: Version = None
+    flush_cache: bool = True
     abort_all_requests: bool = False
 
 
