@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-FP8_MAX = 448.0
-INT8_MAX = 127.0
+# The kernels spell out 448 (largest finite e4m3fn) and 127 (int8): Triton kernels read
+# no Python globals.
 
 try:  # Triton ships with CUDA builds of torch; CPU builds have none
     import triton
@@ -40,7 +40,7 @@ if triton is not None:
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         # x - x is 0 for every finite x and NaN for NaN and +-inf: count the tile's non-finite values.
         tl.store(bad + i * kb + j, tl.sum(tl.sum(((x - x) != 0).to(tl.int32), axis=1), axis=0))
-        tl.store(scale + i * kb + j, tl.where(amax > 0, libdevice.div_rn(amax, FP8_MAX), 1.0))
+        tl.store(scale + i * kb + j, tl.where(amax > 0, libdevice.div_rn(amax, 448.0), 1.0))
 
     @triton.jit
     def _fp8_tile_quant(w, q, scale, n, k, stride_w, kb, BLOCK: tl.constexpr):
@@ -50,7 +50,7 @@ if triton is not None:
         mask = (rows[:, None] < n) & (cols[None, :] < k)
         x = tl.load(w + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s = tl.load(scale + i * kb + j)
-        v = tl.minimum(tl.maximum(libdevice.div_rn(x, s), -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(libdevice.div_rn(x, s), -448.0), 448.0)
         tl.store(q + rows[:, None] * k + cols[None, :], v.to(tl.float8e4nv), mask=mask)
 
     @triton.jit
@@ -65,7 +65,7 @@ if triton is not None:
             nonfinite += ((x - x) != 0).to(tl.int32)
         m = tl.max(amax, axis=0)
         tl.store(bad + r, tl.sum(nonfinite, axis=0))
-        tl.store(scale + r, tl.where(m > 0, libdevice.div_rn(m, INT8_MAX), 1.0))
+        tl.store(scale + r, tl.where(m > 0, libdevice.div_rn(m, 127.0), 1.0))
 
     @triton.jit
     def _int8_row_quant(w, q, scale, k, stride_w, BLOCK: tl.constexpr):
@@ -74,7 +74,7 @@ if triton is not None:
         for start in range(0, k, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(w + r * stride_w + cols, mask=cols < k, other=0.0).to(tl.float32)
-            v = tl.minimum(tl.maximum(libdevice.rint(libdevice.div_rn(x, s)), -INT8_MAX), INT8_MAX)
+            v = tl.minimum(tl.maximum(libdevice.rint(libdevice.div_rn(x, s)), -127.0), 127.0)
             tl.store(q + r * k + cols, v.to(tl.int8), mask=cols < k)
 
 
