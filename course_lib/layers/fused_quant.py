@@ -7,8 +7,8 @@ memory traffic per weight element, against 3 for reading a bf16 weight and writi
 fp8 value. Here one kernel computes every tile's (or row's) scale and counts its
 non-finite values, reading the weight once; after the one check that there are none
 (NaN or inf is refused, as the reference refuses it), a second kernel reads the weight again and
-writes the quantized values. Same float32 arithmetic in the same order (correctly
-rounded division, round-half-to-even, the same clamp), so the same bits.
+writes the quantized values. Same float32 arithmetic in the same order (the
+scale as torch computes it, correctly rounded division, round-half-to-even, the same clamp), so the same bits.
 
 The engine uses these only where they agree with the quantizers it would otherwise call:
 ``agrees_with`` runs both on probe weights (zero tiles, ties, ragged edges, subnormal
@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 
 # The kernels spell out 448 (largest finite e4m3fn) and 127 (int8): Triton kernels read
-# no Python globals.
+# no Python globals. A scale is the maximum times the reciprocal, as torch computes
+# ``amax / 448.0`` (a division by a Python number is a multiplication by its reciprocal);
+# the weight divided by its scale is a correctly rounded division, as torch's is.
 
 try:  # Triton ships with CUDA builds of torch; CPU builds have none
     import triton
@@ -40,7 +42,7 @@ if triton is not None:
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         # x - x is 0 for every finite x and NaN for NaN and +-inf: count the tile's non-finite values.
         tl.store(bad + i * kb + j, tl.sum(tl.sum(((x - x) != 0).to(tl.int32), axis=1), axis=0))
-        tl.store(scale + i * kb + j, tl.where(amax > 0, libdevice.div_rn(amax, 448.0), 1.0))
+        tl.store(scale + i * kb + j, tl.where(amax > 0, amax * (1.0 / 448.0), 1.0))
 
     @triton.jit
     def _fp8_tile_quant(w, q, scale, n, k, stride_w, kb, BLOCK: tl.constexpr):
@@ -65,7 +67,7 @@ if triton is not None:
             nonfinite += ((x - x) != 0).to(tl.int32)
         m = tl.max(amax, axis=0)
         tl.store(bad + r, tl.sum(nonfinite, axis=0))
-        tl.store(scale + r, tl.where(m > 0, libdevice.div_rn(m, 127.0), 1.0))
+        tl.store(scale + r, tl.where(m > 0, m * (1.0 / 127.0), 1.0))
 
     @triton.jit
     def _int8_row_quant(w, q, scale, k, stride_w, BLOCK: tl.constexpr):
