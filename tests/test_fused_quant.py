@@ -56,9 +56,9 @@ def test_fused_kernels_refuse_non_finite_weights(kind, bad):
 
 @pytest.mark.cuda
 def test_a_quantizer_that_differs_keeps_its_own_path(monkeypatch):
-    def rounds_up(w):  # a wrong fp8 quantizer: scales a hair too large
-        q, s = quantize_fp8_block(w * 1.001)
-        return q, s
+    def rounds_up(w):  # a wrong fp8 quantizer: its scales are half again too large
+        q, s = quantize_fp8_block(w)
+        return q, s * 1.5
     assert not fused_quant.agrees_with("fp8", rounds_up, "cuda", torch.bfloat16)
     monkeypatch.setattr(quant, "quantize_fp8_block", rounds_up)
     w = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
