@@ -13,6 +13,12 @@ import torch
 from course_lib.engine.sequence import SamplingParams, Sequence
 
 
+# A small model for GPU tests whose dimensions are multiples of 128, so FP8-block layers
+# take the real FP8 matmul and the fused requantization kernels see whole tiles.
+GPU_TEST_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=512, torch_dtype="bfloat16")
+
+
 def prompt_logits(engine, input_ids: list[int]) -> torch.Tensor:
     """Logits [len(input_ids), vocab_size] (float32, CPU) computed by ``engine``'s prefill.
 

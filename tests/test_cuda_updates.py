@@ -7,15 +7,13 @@ import torch
 
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
+from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.transports import trainer
 
 pytestmark = pytest.mark.cuda
 PROMPTS = ["graphs remember addresses", "x" * 40, "hot equals cold on the GPU"]
-# Dimensions that are multiples of 128, so fp8 layers can use the real FP8 matmul.
-GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, torch_dtype="bfloat16")
+GPU_SHAPE = GPU_TEST_SHAPE
 
 
 @pytest.fixture(scope="module")

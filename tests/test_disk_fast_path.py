@@ -10,7 +10,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
+from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights import checkpoint, pinned_reader, rollback
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, write_checkpoint
 from course_lib.weights.layerwise import layer_key
@@ -20,8 +20,7 @@ from course_lib.weights.safetensors_format import (check_unchanged, file_identit
 from course_lib.weights.update import UpdateError, check_finite
 
 PROMPTS = ["the fast path", "writes what the plain path writes"]
-GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, torch_dtype="bfloat16")
+GPU_SHAPE = GPU_TEST_SHAPE
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ import torch
 from course_lib import Engine
 from course_lib.layers import fused_quant, quant
 from course_lib.layers.quant import quantize_fp8_block, quantize_int8_per_channel
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
+from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader
 
 REFERENCE = {"fp8": quantize_fp8_block, "int8": quantize_int8_per_channel}
-GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, torch_dtype="bfloat16")
+GPU_SHAPE = GPU_TEST_SHAPE
 
 
 def same(a, b):

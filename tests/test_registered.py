@@ -8,7 +8,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
+from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights import safe_pickle
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.registered import stream_layout
@@ -191,8 +191,7 @@ def test_the_layout_cuts_tensors_at_bucket_edges_and_covers_every_byte_once():
     assert safe_pickle.deserialize(safe_pickle.serialize(layout)) == layout  # plain data through the allowlist
 
 
-GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, torch_dtype="bfloat16")
+GPU_SHAPE = GPU_TEST_SHAPE
 
 
 @pytest.mark.cuda

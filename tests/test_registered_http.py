@@ -22,7 +22,7 @@ from course_lib.layers.quant import kernel_tensors  # noqa: E402
 from course_lib.server.app import DEFAULT_MAX_BODY_BYTES  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold  # noqa: E402
+from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold  # noqa: E402
 from course_lib.weights import safe_pickle  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader, hf_tensor_shapes, preset  # noqa: E402
 from course_lib.weights.registered import stream_layout  # noqa: E402
@@ -121,8 +121,7 @@ def test_a_trainer_process_registers_over_http_then_sends_bucket_numbers(server,
     server.worker.call_sync(assert_addresses_unchanged, timeout=60)
 
 
-GPU_SHAPE = dict(hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=512, torch_dtype="bfloat16")
+GPU_SHAPE = GPU_TEST_SHAPE
 
 
 @pytest.mark.cuda
