@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from course_lib.engine import update_sources as sources
-from course_lib.engine.transaction import WAIT_TIMEOUT_S, UpdateOptions
-from course_lib.engine.transaction import Applied, ValidatedUpdate
+from course_lib.engine.transaction import WAIT_TIMEOUT_S, Applied, UpdateOptions, ValidatedUpdate
 from course_lib.weights import registered, safe_pickle
 from course_lib.weights.transports import delta, remote
 from course_lib.weights.transports import dist as dist_transport

@@ -18,8 +18,9 @@ same tensors in the same order. Here the trainer registers once:
 ``RegisteredTable.build`` validates it once, against the model, before anything is
 mapped for use: bounds, every tensor's pieces covering its bytes exactly once, no two
 pieces reading the same bytes, floating dtypes (the engine's own is copied byte for
-byte; another is converted element by element, as ``copy_`` converts), destinations (the copy plan's views: ``copy_plan.checkpoint_view``) covering every
-checkpoint tensor, none overlapping another. Then, per bucket, it keeps an immutable
+byte; another is converted element by element, as ``copy_`` converts), destinations
+(the copy plan's views: ``copy_plan.checkpoint_view``) covering every checkpoint tensor,
+none overlapping another. Then, per bucket, it keeps an immutable
 table of (source bytes, destination bytes) pairs: applying a bucket is those copies
 only, as a ``copy_`` loop, one ``torch._foreach_copy_``, or a replayed CUDA graph of the
 loop (buffers and destinations never move, so the graph captured once stays right), or
@@ -35,6 +36,7 @@ destination storages (like the address audit), so an old address is never reused
 from __future__ import annotations
 
 import os
+
 import torch
 
 from course_lib.weights import scatter_copy
@@ -125,11 +127,10 @@ class _Destination:
 class RegisteredTable:
     """A validated registration: per bucket, the (source, destination) byte views to copy."""
 
-    def __init__(self, buffers, bucket_specs, copies, params, destinations, nbytes, names):
+    def __init__(self, buffers, bucket_specs, copies, destinations, nbytes, names):
         self.buffers = buffers                # held: the mapped handles stay open
         self.bucket_specs = bucket_specs      # [(buffer, offset, nbytes)]
         self.copies = copies                  # per bucket: ([sources], [destinations])
-        self.params = params                  # per bucket: parameter names written (for the audit)
         self.destinations = destinations      # per bucket: [_Destination]
         self.nbytes = nbytes                  # per bucket: payload bytes
         self.names = names                    # checkpoint names registered
@@ -214,7 +215,6 @@ class RegisteredTable:
         except UpdateError as exc:
             raise RegistrationError(str(exc)) from exc
         copies = [([], []) for _ in specs]
-        params = [set() for _ in specs]
         dests = [dict() for _ in specs]
         nbytes = [0] * len(specs)
         sources, targets = [], []  # byte intervals, checked for overlap below
@@ -241,7 +241,7 @@ class RegisteredTable:
                 if pos + n > _nbytes(dtype, shape):
                     raise RegistrationError(f"{name}: pieces hold more than its {_nbytes(dtype, shape)} bytes")
                 start = base + off
-                sources.append((k, start, start + n, name))
+                sources.append(((k, start), (k, start + n), name))
                 nbytes[k] += n
                 if dst is not None:
                     src = buffers[b][start:start + n]
@@ -254,17 +254,16 @@ class RegisteredTable:
                         copies[k][0].append(src.view(dtype))
                         copies[k][1].append(dst[pos // dtype.itemsize:(pos + n) // dtype.itemsize])
                     param = model.map_checkpoint_name(name)[0]
-                    params[k].add(param)
                     owner, _, attr = param.rpartition(".")
                     dests[k][param] = _Destination(model.get_submodule(owner), attr, param)
                 pos += n
             if pos != _nbytes(dtype, shape):
                 raise RegistrationError(f"{name}: pieces hold {pos} of its {_nbytes(dtype, shape)} bytes")
         # Buckets that share a buffer in turn overlap by design; within a bucket, no two
-        # pieces may read the same bytes (bucket number in the high bits: one sort for all).
-        cls._no_overlap([(s[1] + (s[0] << 60), s[2] + (s[0] << 60), s[3]) for s in sources], "read the same bytes")
+        # pieces may read the same bytes (positions are (bucket, offset): one sort for all).
+        cls._no_overlap(sources, "read the same bytes")
         cls._no_overlap(targets, "write the same memory")
-        return cls(buffers, specs, copies, params, [list(d.values()) for d in dests], nbytes, list(meta))
+        return cls(buffers, specs, copies, [list(d.values()) for d in dests], nbytes, list(meta))
 
     @staticmethod
     def _no_overlap(intervals, what: str) -> None:
@@ -308,13 +307,10 @@ class RegisteredTable:
                 graph.replay()
             elif mode == "scatter" and self.scatter_tables[k] is not None:
                 scatter_copy.scatter(self.scatter_tables[k])
-            elif mode == "scatter":  # a bucket with unaligned or converted pieces
-                for dst, src in zip(dsts, srcs):
-                    dst.copy_(src)
             elif mode == "foreach":
                 if dsts:
                     torch._foreach_copy_(dsts, srcs)
-            else:
+            else:  # a loop (also a scatter bucket with unaligned or converted pieces)
                 for dst, src in zip(dsts, srcs):
                     dst.copy_(src)
 
