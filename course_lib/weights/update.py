@@ -110,31 +110,26 @@ def copy_in_place(model, named_tensors, device) -> None:
 def check_finite(named_tensors) -> None:
     """Refuse NaN or infinite weights (a diverged trainer) before they reach the model.
 
-    One pass over each tensor and one synchronisation for the whole call: each floating
-    tensor's largest magnitude (``vector_norm`` of order inf, a reduction that makes no
-    copy of the tensor) is kept as a scalar on its device; NaN and +-inf propagate into it,
-    while the largest finite value stays finite in the tensor's own dtype. All scalars
-    are checked at once; only when one fails are they looked at one by one, to name the
-    tensor. Empty tensors hold no values and pass."""
-    groups: dict[tuple, tuple[list[str], list[torch.Tensor]]] = {}
-    order = []
-    for name, t in named_tensors:
+    One pass over each tensor and one synchronisation per device for the whole call: each
+    floating tensor's largest magnitude (``vector_norm`` of order inf, a reduction that
+    makes no copy of the tensor) is kept as a float32 scalar on its device; NaN and +-inf
+    propagate into it, while the largest finite value stays finite. All scalars are
+    checked at once; only when one fails is the first such tensor named. Empty tensors
+    hold no values and pass."""
+    peaks: dict[torch.device, tuple[list, list[torch.Tensor]]] = {}
+    for i, (name, t) in enumerate(named_tensors):
         if t.is_floating_point() and t.numel():
-            names, peaks = groups.setdefault((t.device, t.dtype), ([], []))
-            names.append(name)
-            order.append(name)
+            fed, values = peaks.setdefault(t.device, ([], []))
+            fed.append((i, name))
             # float8 and other narrow types have no norm kernel: they are widened (rare, small).
-            peaks.append(torch.linalg.vector_norm(t if t.dtype in _NORM_DTYPES else t.float(), float("inf")))
-    finite = {key: torch.isfinite(torch.stack(peaks)) for key, (_, peaks) in groups.items()}
-    per_device: dict[torch.device, list[torch.Tensor]] = {}
-    for (device, _), flags in finite.items():
-        per_device.setdefault(device, []).append(flags.all())
-    if all(bool(torch.stack(alls).all()) for alls in per_device.values()):  # one sync per device
-        return
-    bad = {name for key, flags in finite.items()  # only on failure: which tensor, the first one fed
-           for name, good in zip(groups[key][0], flags.tolist()) if not good}
-    name = next(n for n in order if n in bad)
-    raise UpdateError(f"{name}: contains NaN or infinite values")
+            values.append(torch.linalg.vector_norm(t if t.dtype in _NORM_DTYPES else t.float(), float("inf")).float())
+    bad = []
+    for fed, values in peaks.values():
+        finite = torch.isfinite(torch.stack(values))
+        if not bool(finite.all()):  # the one synchronisation of this device
+            bad += [entry for entry, ok in zip(fed, finite.tolist()) if not ok]
+    if bad:
+        raise UpdateError(f"{min(bad)[1]}: contains NaN or infinite values")  # the first one fed
 
 
 def open_and_validate(model_config: ModelConfig, model_path, partial: bool = False):
