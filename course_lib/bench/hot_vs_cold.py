@@ -27,6 +27,7 @@ import course_lib
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
 from course_lib.bench.cold_start import phases_from_marks
+from course_lib.bench.update import median_time
 from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.transports import trainer
@@ -103,28 +104,15 @@ def hot_registered(engine: Engine, path, bucket_bytes: int) -> float:
 
 def first_token_s(engine: Engine) -> float:
     """Seconds for one first token on the running engine, no update (the goal's decode step)."""
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        engine.generate("first token", {"max_new_tokens": 1, "temperature": 0})
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[2]
+    return median_time(lambda: engine.generate("first token", {"max_new_tokens": 1, "temperature": 0}),
+                       engine.config.device)
 
 
 def copy_s(nbytes: int, device: str) -> float:
     """Seconds for one device-to-device copy (memcpy on CPU) of ``nbytes``, median of 5."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(6):
-        if gpu := is_cuda(device):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if gpu:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[2]
+    return median_time(lambda: dst.copy_(src), device)
 
 
 def hot_disk(engine: Engine, path) -> float:
