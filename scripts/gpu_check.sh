@@ -7,6 +7,8 @@
 #   bash scripts/gpu_check.sh large    the ~8B decode and update benchmarks only
 #   bash scripts/gpu_check.sh large-hot  the ~8B restart-vs-hot benchmark and the disk reader sweep
 #                                      (each "large" call stays under ten minutes)
+#   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
+#   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +20,20 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version
 status=0
 if [ "${1:-}" = "large-hot" ]; then
     python -m course_lib.bench hot-vs-cold --preset qwen3-8b --json "$out/hot_vs_cold_qwen3-8b.json" 2>&1 | grep -v "it/s]" || status=1
-    PYTHONPATH=$PWD python scripts/disk_update_sweep.py --preset qwen3-8b --threads 16 --chunk-mb 64 --rollback both \
+    PYTHONPATH=$PWD python scripts/disk_update_sweep.py --preset qwen3-8b --threads 16 --chunk-mb 64 --ring 4 8 --rollback both --probes \
         2>&1 | grep -v "it/s]" | tee "$out/disk_sweep_qwen3-8b.txt" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "kernels" ]; then
+    for preset in qwen3-1.7b qwen3-8b; do
+        python -m course_lib.bench copy-kernels --preset $preset --json "$out/copy_kernels_$preset.json" 2>&1 \
+            | grep -v "it/s]" | tee "$out/copy_kernels_$preset.log" || status=1
+    done
+    exit $status
+fi
+if [ "${1:-}" = "profile" ]; then
+    PYTHONPATH=$PWD python scripts/profile_update.py --preset qwen3-8b \
+        --what first-token registered inproc-none inproc-int8 inproc-fp8 2>&1 | tee "$out/profile_qwen3-8b.txt" || status=1
     exit $status
 fi
 if [ "${1:-}" = "large" ]; then

@@ -9,7 +9,7 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights import safe_pickle
+from course_lib.weights import safe_pickle, scatter_copy
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.registered import stream_layout
 from course_lib.weights.transports import trainer
@@ -237,3 +237,17 @@ def test_cuda_copy_modes_write_the_same_bytes_and_a_rebind_is_refused(make_ckpt)
     with pytest.raises(UpdateError, match="down_proj.weight .* no longer lives where it was registered"):
         push_all(engine, sender, mine)
     assert same(weights(engine), before)
+
+
+def test_scatter_table_has_a_row_per_chunk_and_refuses_unaligned_pieces():
+    # A row is (source address, destination address, 8-byte words); a piece longer than
+    # a chunk becomes several rows.
+    buf, out = torch.zeros(4096, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)
+    srcs, dsts = [buf[0:1024], buf[1024:1056]], [out[2048:3072], out[0:32]]
+    rows = [tuple(r) for r in scatter_copy.build_table(srcs, dsts, chunk_bytes=256).tolist()]
+    expected = [(buf.data_ptr() + i, out.data_ptr() + 2048 + i, 32) for i in range(0, 1024, 256)]
+    assert rows == expected + [(buf.data_ptr() + 1024, out.data_ptr(), 4)]
+    assert scatter_copy.build_table([buf[8:40]], [out[0:32]]) is None      # a source off 16-byte alignment
+    assert scatter_copy.build_table([buf[0:24]], [out[0:24]]) is None      # a length off 16 bytes
+    with pytest.raises(ValueError, match="multiple of 16"):
+        scatter_copy.build_table(srcs, dsts, chunk_bytes=100)

@@ -3,7 +3,8 @@ import importlib
 import sys
 
 BENCHMARKS = {"decode": "course_lib.bench.decode", "update": "course_lib.bench.update", "graphs": "course_lib.bench.graphs",
-              "hot-vs-cold": "course_lib.bench.hot_vs_cold", "transports": "course_lib.bench.transports"}
+              "hot-vs-cold": "course_lib.bench.hot_vs_cold", "transports": "course_lib.bench.transports",
+              "copy-kernels": "course_lib.bench.copy_kernels"}
 
 
 def main() -> int:

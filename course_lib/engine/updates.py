@@ -26,8 +26,9 @@ from course_lib.weights.update import PhaseTimer, UpdateError
 
 def registered_update(engine, buckets, epoch) -> ValidatedUpdate:
     """A registered update, validated: the epoch, the bucket numbers, every destination
-    where registration found it. The apply step copies and waits for the copies (the
-    trainer reuses a buffer once the call returns), then checks the destinations again."""
+    where registration found it. The apply step launches the copies, checks the
+    destinations again while they run, and waits for them (the trainer reuses a buffer
+    once the call returns)."""
     timer = PhaseTimer()
     current, table, mode = engine._registration
     if table is None:
@@ -43,14 +44,17 @@ def registered_update(engine, buckets, epoch) -> ValidatedUpdate:
 
     def apply(timer: PhaseTimer) -> Applied:
         table.copy(buckets, mode)
-        if engine.config.is_cuda:
-            torch.cuda.current_stream(engine.config.device).synchronize()
-        timer.lap("copy")
+        # The check after the last launch runs on the CPU while the GPU copies (it reads no
+        # weight, only where each one lives); then the wait, so the trainer may reuse buffers.
         try:
             table.check_destinations(buckets)
         except registered.RegistrationError as exc:  # cannot happen unless a copy rebinds: say so loudly
             engine.unhealthy = str(exc)
             raise UpdateError(str(exc)) from exc
+        timer.lap("audit")
+        if engine.config.is_cuda:
+            torch.cuda.current_stream(engine.config.device).synchronize()
+        timer.lap("copy")
         # The check above is the audit of these parameters (identity, stride included, with
         # the storages held by the table); the full address audit runs when generation resumes.
         return Applied(audit_only=set())

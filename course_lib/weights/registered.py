@@ -136,6 +136,7 @@ class RegisteredTable:
         self.names = names                    # checkpoint names registered
         self.graphs: dict[int, object] = {}   # bucket -> captured CUDA graph (mode "graph")
         self.scatter_tables: list = []        # per bucket: scatter_copy's chunk table (mode "scatter")
+        self._joined: dict[tuple, torch.Tensor] = {}  # bucket numbers -> their tables joined (one launch)
 
     def prepare(self, mode: str) -> None:
         """Capture the CUDA graphs or build the scatter tables now, so the first update
@@ -300,19 +301,35 @@ class RegisteredTable:
 
     def copy(self, buckets, mode: str) -> None:
         """Copy these buckets' bytes into the weights (asynchronously on a GPU)."""
+        if mode == "scatter":
+            buckets = self._scatter(buckets)  # left: buckets with unaligned or converted pieces
         for k in buckets:
             srcs, dsts = self.copies[k]
             if mode == "graph":
                 graph = self.graphs.get(k) or self._capture(k)
                 graph.replay()
-            elif mode == "scatter" and self.scatter_tables[k] is not None:
-                scatter_copy.scatter(self.scatter_tables[k])
             elif mode == "foreach":
                 if dsts:
                     torch._foreach_copy_(dsts, srcs)
             else:  # a loop (also a scatter bucket with unaligned or converted pieces)
                 for dst, src in zip(dsts, srcs):
                     dst.copy_(src)
+
+    def _scatter(self, buckets) -> list[int]:
+        """One scatter launch for all these buckets' tables (joined once per bucket set and
+        kept: a resident trainer names every bucket in each message); returns the buckets
+        that have no table."""
+        key = tuple(buckets)
+        joined = self._joined.get(key)
+        if joined is None:
+            tables = [self.scatter_tables[k] for k in buckets if self.scatter_tables[k] is not None]
+            joined = torch.cat(tables) if tables else torch.empty(0, 3, dtype=torch.int64)
+            if len(self._joined) >= 8:  # a few bucket sets at most (a sender uses one or two)
+                self._joined.pop(next(iter(self._joined)))
+            self._joined[key] = joined
+        if joined.shape[0]:
+            scatter_copy.scatter(joined)
+        return [k for k in buckets if self.scatter_tables[k] is None]
 
     def _capture(self, k: int):
         """Capture bucket ``k``'s copies as a CUDA graph (nothing is copied while capturing)."""
