@@ -2,6 +2,7 @@
 memory once, then sends bucket numbers; the fast path writes exactly what the bucket path
 writes; bad layouts, stale epochs and rebound weights are refused with nothing changed."""
 import multiprocessing as mp
+import queue
 
 import pytest
 import torch
@@ -46,11 +47,12 @@ def push_all(engine, sender, tensors, **kwargs):
     return result
 
 
-@pytest.mark.parametrize("resident", [False, True], ids=["two-buffers", "resident"])
+@pytest.mark.parametrize("resident", [False, True], ids=["two-buffers-over-queues", "resident-over-pipes"])
 def test_a_trainer_process_registers_once_then_sends_bucket_numbers(ckpts, resident):
     a, b = ckpts
     engine = Engine(a)
-    payloads, acks = CTX.Queue(), CTX.Queue()
+    # Both channels a trainer may use: queues, and pipes (trainer.Channel, the benchmarks').
+    payloads, acks = (trainer.Channel(CTX), trainer.Channel(CTX)) if resident else (CTX.Queue(), CTX.Queue())
     child = CTX.Process(target=trainer.push_registered, args=(b, payloads, acks, BUCKET, "cpu", 2, 2, resident))
     child.start()
     kind, registration = payloads.get(timeout=60)
@@ -237,6 +239,15 @@ def test_cuda_copy_modes_write_the_same_bytes_and_a_rebind_is_refused(make_ckpt)
     with pytest.raises(UpdateError, match="down_proj.weight .* no longer lives where it was registered"):
         push_all(engine, sender, mine)
     assert same(weights(engine), before)
+
+
+def test_a_channel_delivers_in_order_and_says_when_nothing_came():
+    channel = trainer.Channel(CTX)
+    channel.put({"epoch": 1, "buckets": [0, 1]})
+    channel.put(None)
+    assert channel.get(timeout=5) == {"epoch": 1, "buckets": [0, 1]} and channel.get(timeout=5) is None
+    with pytest.raises(queue.Empty, match="no message within 0.05 s"):
+        channel.get(timeout=0.05)
 
 
 def test_scatter_table_has_a_row_per_chunk_and_refuses_unaligned_pieces():

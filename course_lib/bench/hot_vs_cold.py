@@ -82,7 +82,7 @@ def hot_registered(engine: Engine, path, bucket_bytes: int) -> float:
     registered buffers: the trainer's weights live in a buffer the engine mapped once
     (registration happens before the clock starts, as it does once per run)."""
     ctx = mp.get_context("spawn")
-    payloads, acks = ctx.Queue(), ctx.Queue()
+    payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
     child = ctx.Process(target=trainer.push_registered,
                         args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, 1, True))
     child.start()
@@ -109,7 +109,7 @@ def hot_registered_next_token(engine: Engine, path, bucket_bytes: int) -> tuple[
     lands over registered buffers, and one engine step gives its next token: the
     latency a running stream sees. Both medians of five on the same engine."""
     ctx = mp.get_context("spawn")
-    payloads, acks = ctx.Queue(), ctx.Queue()
+    payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
     child = ctx.Process(target=trainer.push_registered,
                         args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, 6, True))
     child.start()

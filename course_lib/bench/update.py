@@ -137,7 +137,7 @@ def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, r
     ``compare_modes``, also the engine-side GB/s of each copy mode (loop, foreach, graph)
     on the same registration, copying every bucket in one call."""
     ctx = mp.get_context("spawn")
-    payloads, acks = ctx.Queue(), ctx.Queue()
+    payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
     child = ctx.Process(target=trainer.push_registered,
                         args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, rounds, resident))
     child.start()

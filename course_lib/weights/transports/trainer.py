@@ -9,6 +9,7 @@ notebook cannot spawn functions defined in itself).
 from __future__ import annotations
 
 import os
+import queue
 import time
 from collections import deque
 
@@ -18,6 +19,29 @@ from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.dist import WeightBroadcaster
 from course_lib.weights.transports.ipc import BucketSender
 from course_lib.weights.transports.registered import RegisteredSender
+
+
+class Channel:
+    """One-way messages from one process to another over a pipe, with a queue's ``put``
+    and ``get``: what the registered path's trainer and engine talk over. A
+    ``multiprocessing.Queue`` hands each message to a feeder thread, which needs the GIL
+    to write it: while the sending process goes on running Python (a trainer preparing
+    its next step), the message can wait in that process for milliseconds, longer than a
+    registered update of a small model takes. Here ``put`` writes the pipe itself. One
+    writer and one reader; a message larger than the pipe's buffer (a registration)
+    waits in ``put`` until the other side reads it. ``ctx``: a multiprocessing context
+    (the spawn one, as for the trainer process)."""
+
+    def __init__(self, ctx):
+        self._reader, self._writer = ctx.Pipe(duplex=False)
+
+    def put(self, item) -> None:
+        self._writer.send(item)
+
+    def get(self, timeout: float | None = None):
+        if not self._reader.poll(timeout):
+            raise queue.Empty(f"no message within {timeout} s")
+        return self._reader.recv()
 
 
 def share_cores(device: str) -> None:
