@@ -154,7 +154,8 @@ def test_stale_epochs_and_bad_bucket_numbers_change_nothing(ckpts):
         engine.update_weights_from_registered([0], epoch=second)
 
 
-def test_a_weight_rebound_after_registration_is_refused_before_anything_is_written(ckpts):
+@pytest.mark.parametrize("rebind", ["data", "attribute"])
+def test_a_weight_rebound_after_registration_is_refused_before_anything_is_written(ckpts, rebind):
     a, b = ckpts
     engine = Engine(a)
     sent = tensors_of(b)
@@ -162,7 +163,12 @@ def test_a_weight_rebound_after_registration_is_refused_before_anything_is_writt
     sent = sender.adopt(sent)
     sender.epoch = engine.register_weight_buffers(sender.registration())["epoch"]
     layer = engine.model.model.layers[0].self_attn.qkv_proj
-    layer.weight.data = layer.weight.data.clone()  # the bug a captured graph would never see
+    # The bugs a captured graph would never see: new memory behind the same Parameter,
+    # or a new Parameter in the module.
+    if rebind == "data":
+        layer.weight.data = layer.weight.data.clone()
+    else:
+        layer.weight = torch.nn.Parameter(layer.weight.data.clone(), requires_grad=False)
     before = weights(engine)
     with pytest.raises(UpdateError, match="qkv_proj.weight .* no longer lives where it was registered"):
         push_all(engine, sender, sent)

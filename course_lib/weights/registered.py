@@ -35,6 +35,7 @@ destination storages (like the address audit), so an old address is never reused
 """
 from __future__ import annotations
 
+import operator
 import os
 
 import torch
@@ -124,6 +125,38 @@ class _Destination:
         return p is not self.param or self.identity_of(p) != self.identity
 
 
+class _DestinationCheck:
+    """The destinations of one set of buckets, each parameter once, checked together:
+    the modules still hold the same Parameter objects, and their pointers, shapes,
+    strides and dtypes are unchanged, each compared as one list (the attribute reads run
+    in C through ``map``; about a third less time than one call per parameter, which
+    matters for a ~1.7B model, whose whole copy takes under two milliseconds). Only when
+    something moved is it looked for one by one, to name it."""
+
+    def __init__(self, destinations: list[tuple[int, _Destination]]):
+        self.destinations = destinations  # (bucket, destination)
+        self.dicts = [d.params for _, d in destinations]
+        self.attrs = [d.attr for _, d in destinations]
+        self.params = [d.param for _, d in destinations]
+        # As registration recorded them (this check may be made later, after a rebind).
+        self.identity = tuple(map(list, zip(*(d.identity for _, d in destinations))))
+
+    @staticmethod
+    def _identity(params) -> tuple:
+        t = torch.Tensor
+        return (list(map(t.data_ptr, params)), list(map(t.size, params)), list(map(t.stride, params)),
+                list(map(_DTYPE, params)))
+
+    def first_moved(self) -> tuple[int, _Destination] | None:
+        held = all(map(operator.is_, map(dict.get, self.dicts, self.attrs), self.params))
+        if held and self._identity(self.params) == self.identity:
+            return None
+        return next(((k, d) for k, d in self.destinations if d.moved()), self.destinations[0])
+
+
+_DTYPE = operator.attrgetter("dtype")
+
+
 class RegisteredTable:
     """A validated registration: per bucket, the (source, destination) byte views to copy."""
 
@@ -137,6 +170,7 @@ class RegisteredTable:
         self.graphs: dict[int, object] = {}   # bucket -> captured CUDA graph (mode "graph")
         self.scatter_tables: list = []        # per bucket: scatter_copy's chunk table (mode "scatter")
         self._joined: dict[tuple, torch.Tensor] = {}  # bucket numbers -> their tables joined (one launch)
+        self._checks: dict[tuple, _DestinationCheck] = {}  # bucket numbers -> their destinations' check
 
     def prepare(self, mode: str) -> None:
         """Capture the CUDA graphs or build the scatter tables now, so the first update
@@ -289,15 +323,21 @@ class RegisteredTable:
     def check_destinations(self, buckets) -> None:
         """Refuse (before any copy, or after the last) if a destination parameter of these
         buckets is no longer where registration found it (each parameter checked once)."""
-        seen = set()
-        for k in buckets:
-            for d in self.destinations[k]:
-                if d.label in seen:
-                    continue
-                seen.add(d.label)
-                if d.moved():
-                    raise RegistrationError(f"{d.label} (bucket {k}) no longer lives where it was registered: "
-                                            f"the weights were rebound; register the buffers again")
+        key = tuple(buckets)
+        check = self._checks.get(key)
+        if check is None:
+            unique = {}
+            for k in buckets:
+                for d in self.destinations[k]:
+                    unique.setdefault(d.label, (k, d))
+            if len(self._checks) >= 8:  # a few bucket sets at most (a sender uses one or two)
+                self._checks.pop(next(iter(self._checks)))
+            check = self._checks[key] = _DestinationCheck(list(unique.values()))
+        moved = check.first_moved()
+        if moved is not None:
+            k, d = moved
+            raise RegistrationError(f"{d.label} (bucket {k}) no longer lives where it was registered: "
+                                    f"the weights were rebound; register the buffers again")
 
     def copy(self, buckets, mode: str) -> None:
         """Copy these buckets' bytes into the weights (asynchronously on a GPU)."""
