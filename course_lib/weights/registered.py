@@ -388,9 +388,9 @@ def copy_mode(device, asked: str | None = None) -> str:
     """How a registered bucket is copied: ``asked``, else ``COURSE_LIB_REGISTERED_COPY``
     (loop, foreach, graph, scatter), else, on a GPU, the scatter kernel where Triton is
     installed and a CUDA graph where not, and a ``copy_`` loop on the CPU (a graph asked
-    for on the CPU is a loop: there is nothing to capture). Measured on an H200
-    (results/h200-2026-12-01c/): scatter 78%, loop 76%, graph 74%, foreach 41% of a
-    device copy at ~8B; 53%, 41%, 51%, 36% at ~1.7B."""
+    for on the CPU is a loop: there is nothing to capture). Measured on an H200, engine
+    side, every bucket in one call (results/h200-2026-12-01d/): scatter 91%, loop 83%,
+    graph 77%, foreach 44% of a device copy at ~8B; 82%, 60%, 65%, 43% at ~1.7B."""
     mode = asked or os.environ.get("COURSE_LIB_REGISTERED_COPY")
     if mode is None:
         if torch.device(device).type != "cuda":
