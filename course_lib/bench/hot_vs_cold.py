@@ -77,17 +77,25 @@ def hot_ipc(engine: Engine, path, bucket_bytes: int) -> float:
     return seconds
 
 
+def registered_trainer(engine: Engine, path, bucket_bytes: int, rounds: int):
+    """A resident trainer process (its weights live in the registered buffer) that will
+    send ``rounds`` updates, registered with ``engine`` before any clock starts, as
+    registration happens once per run: (process, payloads, acks)."""
+    ctx = mp.get_context("spawn")
+    payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
+    child = ctx.Process(target=trainer.push_registered,
+                        args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, rounds, True))
+    child.start()
+    _, registration = payloads.get(timeout=900)
+    acks.put(engine.register_weight_buffers(registration)["epoch"])
+    return child, payloads, acks
+
+
 def hot_registered(engine: Engine, path, bucket_bytes: int) -> float:
     """Seconds from the trainer's message to the first token after resuming, over
     registered buffers: the trainer's weights live in a buffer the engine mapped once
     (registration happens before the clock starts, as it does once per run)."""
-    ctx = mp.get_context("spawn")
-    payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
-    child = ctx.Process(target=trainer.push_registered,
-                        args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, 1, True))
-    child.start()
-    _, registration = payloads.get(timeout=900)
-    acks.put(engine.register_weight_buffers(registration)["epoch"])
+    child, payloads, acks = registered_trainer(engine, path, bucket_bytes, rounds=1)
     receipt, message = payloads.get(timeout=900)
     t0 = time.perf_counter()
     engine.pause_generation("abort")
@@ -108,13 +116,7 @@ def hot_registered_next_token(engine: Engine, path, bucket_bytes: int) -> tuple[
     ``keep`` mode (SGLang's ``in_place``: frozen with its KV, no re-prefill), the update
     lands over registered buffers, and one engine step gives its next token: the
     latency a running stream sees. Both medians of five on the same engine."""
-    ctx = mp.get_context("spawn")
-    payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
-    child = ctx.Process(target=trainer.push_registered,
-                        args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, 6, True))
-    child.start()
-    _, registration = payloads.get(timeout=900)
-    acks.put(engine.register_weight_buffers(registration)["epoch"])
+    child, payloads, acks = registered_trainer(engine, path, bucket_bytes, rounds=6)
     engine.add_request("a stream that keeps decoding", {"max_new_tokens": 200, "temperature": 0,
                                                         "ignore_eos": True})
     for _ in range(3):  # its prefill, then decode steps
