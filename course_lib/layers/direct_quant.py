@@ -135,6 +135,8 @@ def why_not(model: nn.Module) -> str | None:
     if os.environ.get("COURSE_LIB_DIRECT_QUANT") == "0":
         return "COURSE_LIB_DIRECT_QUANT=0"
     kind = getattr(model, "quantization", None)
+    if kind is None:
+        return "the model is not quantized"
     if kind not in QUANTIZERS:
         return f"quantization {kind!r}: not one this path writes"
     if getattr(model, "tp_size", 1) != 1:
