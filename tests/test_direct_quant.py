@@ -282,6 +282,21 @@ def test_a_method_replaced_on_the_instance_turns_the_direct_path_off(ckpts):
     assert "replaced on the instance" in direct_quant.why_not(engine.model)
 
 
+def test_an_unwritten_shard_rows_stops_the_general_path_with_its_own_message(ckpts, paths, monkeypatch):
+    """The plan asks the layers' shard_rows; where that part is a stub, the general path runs
+    and stops at the stub, as it would with no direct path at all."""
+    from course_lib.layers.linear import QKVParallelLinear
+    engine = Engine(ckpts["aligned"][0], quantization="int8")
+
+    def stub(self, shard_id):
+        raise NotImplementedError("ch01.qkv_rows: write this part")
+    monkeypatch.setattr(QKVParallelLinear, "shard_rows", stub)
+    assert direct_quant.why_not(engine.model).startswith("no plan: NotImplementedError")
+    with pytest.raises(NotImplementedError, match="ch01.qkv_rows"):
+        engine.update_weights_from_tensor(tensors(ckpts["aligned"][1]))
+    assert paths.direct == [False] and "_direct_quant_plan" not in engine.model.__dict__
+
+
 def test_a_plugged_in_commit_step_runs_instead(ckpts, paths):
     a, b = ckpts["aligned"]
     engine, committed = Engine(a, quantization="int8"), []
