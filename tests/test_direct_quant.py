@@ -310,6 +310,60 @@ def test_a_plugged_in_commit_step_runs_instead(ckpts, paths):
     assert_hot_equals_cold(engine, b, PROMPTS[:1], max_new_tokens=4)
 
 
+def torch_kernels(monkeypatch):
+    """Torch stand-ins for the four fused passes (the same contracts: into the tensors given),
+    so that the GPU path's bookkeeping (one buffer for every scale, the one check, each shard's
+    rows and tile rows) runs on a CPU. The kernels themselves are tested on a GPU below."""
+    def int8_row_scales(w, scale, bad):
+        x = w.float()
+        amax = x.abs().amax(dim=1)
+        scale.copy_(torch.where(amax > 0, amax / 127.0, torch.ones_like(amax)))
+        bad.copy_((~torch.isfinite(x)).sum(dim=1))
+
+    def int8_row_quant(w, q, scale):
+        q.copy_(torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+
+    def fp8_tile_scales(w, scale, bad):
+        (n, k), (nb, kb) = w.shape, scale.shape
+        tiles = torch.nn.functional.pad(w.float(), (0, kb * 128 - k, 0, nb * 128 - n)).view(nb, 128, kb, 128)
+        amax = tiles.abs().amax(dim=(1, 3))
+        scale.copy_(torch.where(amax > 0, amax / quant.FP8_MAX, torch.ones_like(amax)))
+        bad.copy_((~torch.isfinite(tiles)).sum(dim=(1, 3)))
+
+    def fp8_tile_quant(w, q, scale):
+        v = w.float() / quant.expand_block_scale(scale, w.shape)
+        q.copy_(v.clamp(-quant.FP8_MAX, quant.FP8_MAX).to(torch.float8_e4m3fn))
+    calls = []
+    for f in (int8_row_scales, int8_row_quant, fp8_tile_scales, fp8_tile_quant):
+        monkeypatch.setattr(fused_quant, f.__name__, lambda *args, _f=f: calls.append(_f.__name__) or _f(*args))
+    monkeypatch.setattr(fused_quant, "triton", object())
+    monkeypatch.setattr(fused_quant, "available", lambda w: True)
+    monkeypatch.setattr(fused_quant, "agrees_with", lambda *args: True)
+    return calls
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_the_gpu_paths_bookkeeping_with_torch_kernels(ckpts, paths, monkeypatch, quantization):
+    a, b = ckpts["aligned"]
+    general, direct = (Engine(a, quantization=quantization) for _ in range(2))
+    monkeypatch.setenv("COURSE_LIB_DIRECT_QUANT", "0")
+    general.update_weights_from_tensor(tensors(b))
+    monkeypatch.delenv("COURSE_LIB_DIRECT_QUANT")
+    calls = torch_kernels(monkeypatch)
+    before = kernel_bytes(direct)
+    bad = [(n, t.clone()) for n, t in tensors(b)]
+    dict(bad)["model.layers.1.self_attn.v_proj.weight"][100, 3] = float("inf")
+    with pytest.raises(UpdateError, match=r"layers\.1\.self_attn\.qkv_proj: the weight holds NaN or infinite"):
+        direct.update_weights_from_tensor(bad)
+    shards = 7 * direct.model_config.num_hidden_layers
+    scales, quants = (f"{'fp8_tile' if quantization == 'fp8' else 'int8_row'}_{p}" for p in ("scales", "quant"))
+    assert calls == [scales] * shards and not changed(before, kernel_bytes(direct))
+    direct.update_weights_from_tensor(tensors(b))
+    assert calls[shards:] == [scales] * shards + [quants] * shards  # every scale first, then the writes
+    assert paths.direct == [False, True] and paths.general == 1  # the general engine, then this one
+    assert not changed(kernel_bytes(general), kernel_bytes(direct))
+
+
 # ---- GPU -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -345,7 +399,10 @@ def test_fused_passes_write_a_row_range_of_a_larger_tensor(kind):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
-def test_gpu_direct_path_writes_the_general_paths_bits(gpu_ckpts, paths, monkeypatch, quantization):
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_direct_path_writes_the_general_paths_bits(gpu_ckpts, paths, monkeypatch, quantization, fused):
+    """``fused=False``: kernels that would not agree with the reference; the direct path then
+    quantizes each shard with the reference quantizer on the GPU."""
     a, b = gpu_ckpts
     new = [(n, t.cuda()) for n, t in tensors(b)]
     kw = dict(device="cuda", quantization=quantization, enable_cuda_graph=False)
@@ -354,9 +411,13 @@ def test_gpu_direct_path_writes_the_general_paths_bits(gpu_ckpts, paths, monkeyp
     for name in ("int8_row_quant", "fp8_tile_quant"):
         original = getattr(fused_quant, name)
         monkeypatch.setattr(fused_quant, name, lambda *args, _f=original: passes.append(1) or _f(*args))
-    direct.update_weights_from_tensor(new)
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(fused_quant, "agrees_with", lambda *args: False)
+        direct.update_weights_from_tensor(new)
     assert paths.direct == [True] and paths.general == 0
-    assert len(passes) == 7 * direct.model_config.num_hidden_layers, "the fused kernels wrote every shard"
+    shards = 7 * direct.model_config.num_hidden_layers
+    assert len(passes) == (shards if fused else 0), "each shard written by the fused kernels, or none"
     monkeypatch.setenv("COURSE_LIB_DIRECT_QUANT", "0")
     general.update_weights_from_tensor(new)
     got, want = kernel_bytes(direct), kernel_bytes(general)
