@@ -64,7 +64,7 @@ def chunk_applier(engine, named_tensors, allow_pending: bool):
     """Apply validated tensors that are all in hand: copy in place, then requantize
     (layers still waiting for shards stay staged when ``allow_pending``). A quantized
     engine on one rank requantizes straight into its kernel tensors where
-    ``layers/direct_quant.py`` may (the same bits, a third of the memory traffic), unless
+    ``layers/direct_quant.py`` may (the same bits, less than half the memory traffic), unless
     a learner's commit step is plugged in (``testing.plugged_commit``): that one runs."""
     def apply(timer: PhaseTimer) -> Applied:
         if (engine.config.quantization is not None and copy_in_place is weights_update.copy_in_place

@@ -11,14 +11,16 @@ answer the loaders use): one pass computes every scale and counts non-finite val
 into small new tensors (one float per row for int8, one per 128x128 tile for FP8), then
 ONE synchronization checks the whole update, and only then a second pass writes the
 quantized values in place and the scales are copied in: about 5 bytes per element, no
-staging tensor, and a refused update (NaN or inf anywhere) changes nothing.
+staging tensor, and a refused update (NaN or inf in any quantized tensor) changes nothing.
 
 Why the bits are the general path's: int8 scales are per row and FP8 scales per tile,
 so quantizing a shard alone gives exactly the rows the whole fused weight would get,
 as long as no tile mixes two shards. So for FP8 every shard must start on a 128-row
-boundary and end on one (or at the layer's last row); the quantizer is the reference
-one (checked by its fingerprint) or the fused kernels where they agree with it
-(``fused_quant.agrees_with``, as the general path decides).
+boundary and end on one (or at the layer's last row). And the quantizer must be the
+reference (its fingerprint, below); the fused kernels run where they agree with it
+(``fused_quant.agrees_with``, as the general path decides), else it runs on each shard.
+Unquantized tensors (norms, embedding) are written as the general path writes them,
+NaN included: only ``check_finite`` refuses those.
 
 When it runs, and otherwise the general path runs (``apply`` returns False):
 - a quantized model on one rank (a tensor-parallel rank's loaders cut each tensor),
