@@ -15,9 +15,11 @@ import contextlib
 
 import torch
 
+from course_lib.layers import direct_quant
 from course_lib.layers.quant import discard_staged_weights, process_weights_after_loading
 from course_lib.engine.transaction import Applied, ValidatedUpdate, receive_even_if_refused
 from course_lib.weights import bucket, safe_pickle
+from course_lib.weights import update as weights_update
 from course_lib.weights.checkpoint import hf_tensor_shapes
 from course_lib.weights.layerwise import LayerwiseReload
 from course_lib.weights.rollback import GuardedLayerwiseReload, RollbackPoint
@@ -60,8 +62,17 @@ def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) ->
 
 def chunk_applier(engine, named_tensors, allow_pending: bool):
     """Apply validated tensors that are all in hand: copy in place, then requantize
-    (layers still waiting for shards stay staged when ``allow_pending``)."""
+    (layers still waiting for shards stay staged when ``allow_pending``). A quantized
+    engine on one rank requantizes straight into its kernel tensors where
+    ``layers/direct_quant.py`` may (the same bits, less than half the memory traffic), unless
+    a learner's commit step is plugged in (``testing.plugged_commit``): that one runs."""
     def apply(timer: PhaseTimer) -> Applied:
+        if (engine.config.quantization is not None and copy_in_place is weights_update.copy_in_place
+                and direct_quant.apply(engine.model, named_tensors, engine.config.device, allow_pending)):
+            if engine.config.is_cuda:
+                torch.cuda.synchronize()
+            timer.lap("copy")
+            return Applied()
         copy_in_place(engine.model, named_tensors, engine.config.device)
         if engine.config.is_cuda:
             torch.cuda.synchronize()

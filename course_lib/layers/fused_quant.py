@@ -14,6 +14,11 @@ The engine uses these only where they agree with the quantizers it would otherwi
 ``agrees_with`` runs both on probe weights (zero tiles, ties, ragged edges, subnormal
 results) the first time, and a quantizer that differs keeps its own path (a learner's
 part is never routed around: a wrong one is what runs, and what the tests then see).
+
+Each pass is also callable on its own, into tensors the caller gives: the scales pass into
+slices of a caller's buffers, the quantizing pass into a row range of a live ``qweight``
+(its own row stride). ``direct_quant.py`` uses them to requantize a hot update straight
+into the kernel tensors; the kernels' arithmetic is the same, so are the bits.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ if triton is not None:
         tl.store(scale + i * kb + j, tl.where(amax > 0, amax * (1.0 / 448.0), 1.0))
 
     @triton.jit
-    def _fp8_tile_quant(w, q, scale, n, k, stride_w, kb, BLOCK: tl.constexpr):
+    def _fp8_tile_quant(w, q, scale, n, k, stride_w, stride_q, kb, BLOCK: tl.constexpr):
         i, j = tl.program_id(0), tl.program_id(1)
         rows = i * BLOCK + tl.arange(0, BLOCK)
         cols = j * BLOCK + tl.arange(0, BLOCK)
@@ -53,7 +58,7 @@ if triton is not None:
         x = tl.load(w + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s = tl.load(scale + i * kb + j)
         v = tl.minimum(tl.maximum(libdevice.div_rn(x, s), -448.0), 448.0)
-        tl.store(q + rows[:, None] * k + cols[None, :], v.to(tl.float8e4nv), mask=mask)
+        tl.store(q + rows[:, None] * stride_q + cols[None, :], v.to(tl.float8e4nv), mask=mask)
 
     @triton.jit
     def _int8_row_scales(w, scale, bad, k, stride_w, BLOCK: tl.constexpr):
@@ -70,14 +75,14 @@ if triton is not None:
         tl.store(scale + r, tl.where(m > 0, m * (1.0 / 127.0), 1.0))
 
     @triton.jit
-    def _int8_row_quant(w, q, scale, k, stride_w, BLOCK: tl.constexpr):
+    def _int8_row_quant(w, q, scale, k, stride_w, stride_q, BLOCK: tl.constexpr):
         r = tl.program_id(0)
         s = tl.load(scale + r)
         for start in range(0, k, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(w + r * stride_w + cols, mask=cols < k, other=0.0).to(tl.float32)
             v = tl.minimum(tl.maximum(libdevice.rint(libdevice.div_rn(x, s)), -127.0), 127.0)
-            tl.store(q + r * k + cols, v.to(tl.int8), mask=cols < k)
+            tl.store(q + r * stride_q + cols, v.to(tl.int8), mask=cols < k)
 
 
 def available(w: torch.Tensor) -> bool:
@@ -91,16 +96,54 @@ def _refuse_non_finite(bad: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: the weight holds NaN or infinite values")
 
 
+# ---- the passes, into tensors the caller gives (layers/direct_quant.py writes a layer's live
+# rows with them); the quantizers below are the two passes into new tensors ----------------
+
+def fp8_tile_scales(w: torch.Tensor, scale: torch.Tensor, bad: torch.Tensor, block: int = 128) -> None:
+    """Pass 1 of FP8-block: each tile's scale into ``scale`` and its count of non-finite
+    values into ``bad``, both contiguous [ceil(n/block), ceil(k/block)] (float32, int32;
+    slices of larger buffers are fine). No synchronization."""
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    assert scale.is_contiguous() and bad.is_contiguous() and scale.shape == bad.shape == (nb, kb)
+    _fp8_tile_scales[(nb, kb)](w, scale, bad, n, k, w.stride(0), kb, BLOCK=block)
+
+
+def fp8_tile_quant(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: int = 128) -> None:
+    """Pass 2 of FP8-block: ``w`` divided by its tiles' ``scale`` into ``q`` [n, k]
+    (float8_e4m3fn, rows contiguous, any row stride: a row range of a live ``qweight``)."""
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    assert q.shape == w.shape and q.stride(1) == 1 and scale.is_contiguous() and scale.shape == (nb, kb)
+    _fp8_tile_quant[(nb, kb)](w, q, scale, n, k, w.stride(0), q.stride(0), kb, BLOCK=block)
+
+
+def int8_row_scales(w: torch.Tensor, scale: torch.Tensor, bad: torch.Tensor) -> None:
+    """Pass 1 of int8 per channel: each row's scale into ``scale`` and its count of
+    non-finite values into ``bad``, both contiguous [n] (float32, int32). No synchronization."""
+    n, k = w.shape
+    assert scale.is_contiguous() and bad.is_contiguous() and scale.shape == bad.shape == (n,)
+    _int8_row_scales[(n,)](w, scale, bad, k, w.stride(0), BLOCK=1024)
+
+
+def int8_row_quant(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    """Pass 2 of int8 per channel: ``w`` over its rows' ``scale``, rounded, into ``q`` [n, k]
+    (int8, rows contiguous, any row stride)."""
+    n, k = w.shape
+    assert q.shape == w.shape and q.stride(1) == 1 and scale.is_contiguous() and scale.shape == (n,)
+    _int8_row_quant[(n,)](w, q, scale, k, w.stride(0), q.stride(0), BLOCK=1024)
+
+
 def quantize_fp8_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """``quant.quantize_fp8_block``'s result, in two kernel passes (see the module docstring)."""
     n, k = w.shape
     nb, kb = -(-n // block), -(-k // block)
     scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
     bad = torch.empty(nb, kb, dtype=torch.int32, device=w.device)
-    _fp8_tile_scales[(nb, kb)](w, scale, bad, n, k, w.stride(0), kb, BLOCK=block)
+    fp8_tile_scales(w, scale, bad, block)
     _refuse_non_finite(bad, "quantize_fp8_block")
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=w.device)
-    _fp8_tile_quant[(nb, kb)](w, q, scale, n, k, w.stride(0), kb, BLOCK=block)
+    fp8_tile_quant(w, q, scale, block)
     return q, scale
 
 
@@ -109,10 +152,10 @@ def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     n, k = w.shape
     scale = torch.empty(n, dtype=torch.float32, device=w.device)
     bad = torch.empty(n, dtype=torch.int32, device=w.device)
-    _int8_row_scales[(n,)](w, scale, bad, k, w.stride(0), BLOCK=1024)
+    int8_row_scales(w, scale, bad)
     _refuse_non_finite(bad, "quantize_int8_per_channel")
     q = torch.empty(n, k, dtype=torch.int8, device=w.device)
-    _int8_row_quant[(n,)](w, q, scale, k, w.stride(0), BLOCK=1024)
+    int8_row_quant(w, q, scale)
     return q, scale
 
 
