@@ -15,14 +15,10 @@ The engine uses these only where they agree with the quantizers it would otherwi
 results) the first time, and a quantizer that differs keeps its own path (a learner's
 part is never routed around: a wrong one is what runs, and what the tests then see).
 
-Each pass takes several weights in one launch (``scales_pass``, ``quant_pass``): every
-program finds its weight in a small table, so a whole update's shards are quantized by
-two launches, not two per shard (at ~8B, 250 shards: launching one kernel per shard took
-longer than the kernels ran). The scales go into one flat buffer, the values into each
-weight's destination, which may be a row range of a live ``qweight`` (its own row
-stride). ``direct_quant.py`` uses them to requantize a hot update straight into the
-kernel tensors; the quantizers below are the same passes over one weight into new
-tensors. Same arithmetic per tile or row whichever way, so the same bits.
+Each pass is also callable on its own, into tensors the caller gives: the scales pass into
+slices of a caller's buffers, the quantizing pass into a row range of a live ``qweight``
+(its own row stride). ``direct_quant.py`` uses them to requantize a hot update straight
+into the kernel tensors; the kernels' arithmetic is the same, so are the bits.
 """
 from __future__ import annotations
 
@@ -41,66 +37,32 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
-    # Every kernel takes several weights at once (one launch per pass for a whole update):
-    # ``table`` holds a row of int64 per weight (see _table) and ``starts`` where each
-    # weight's programs begin (ascending, from 0). A program finds its weight by binary
-    # search, then does exactly what the one-weight kernel would on that weight; its
-    # scale and non-finite count go to position program_id of the flat ``scale``/``bad``
-    # buffers (each weight's [rows] or [row tiles, column tiles] one after another).
     @triton.jit
-    def _which(starts, count, pid, STEPS: tl.constexpr):
-        """(the weight, the program's index inside it): the last weight starting at or before pid."""
-        lo = pid * 0
-        hi = count - 1
-        for _ in range(STEPS):
-            mid = (lo + hi + 1) // 2
-            go = tl.load(starts + mid) <= pid
-            lo = tl.where(go, mid, lo)
-            hi = tl.where(go, hi, mid - 1)
-        return lo, pid - tl.load(starts + lo)
-
-    @triton.jit
-    def _fp8_tile_scales(table, starts, count, w0, scale, bad, STEPS: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        g, t = _which(starts, count, pid, STEPS)
-        row = table + g * 7
-        w = tl.load(row).to(tl.pointer_type(w0.dtype.element_ty))
-        k, stride_w, kb, n = tl.load(row + 2), tl.load(row + 3), tl.load(row + 5), tl.load(row + 6)
-        i, j = t // kb, t % kb
+    def _fp8_tile_scales(w, scale, bad, n, k, stride_w, kb, BLOCK: tl.constexpr):
+        i, j = tl.program_id(0), tl.program_id(1)
         rows = i * BLOCK + tl.arange(0, BLOCK)
         cols = j * BLOCK + tl.arange(0, BLOCK)
         mask = (rows[:, None] < n) & (cols[None, :] < k)
         x = tl.load(w + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
         # x - x is 0 for every finite x and NaN for NaN and +-inf: count the tile's non-finite values.
-        tl.store(bad + pid, tl.sum(tl.sum(((x - x) != 0).to(tl.int32), axis=1), axis=0))
-        tl.store(scale + pid, tl.where(amax > 0, amax * (1.0 / 448.0), 1.0))
+        tl.store(bad + i * kb + j, tl.sum(tl.sum(((x - x) != 0).to(tl.int32), axis=1), axis=0))
+        tl.store(scale + i * kb + j, tl.where(amax > 0, amax * (1.0 / 448.0), 1.0))
 
     @triton.jit
-    def _fp8_tile_quant(table, starts, count, w0, scale, STEPS: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        g, t = _which(starts, count, pid, STEPS)
-        row = table + g * 7
-        w = tl.load(row).to(tl.pointer_type(w0.dtype.element_ty))
-        q = tl.load(row + 1).to(tl.pointer_type(tl.float8e4nv))
-        k, stride_w, stride_q = tl.load(row + 2), tl.load(row + 3), tl.load(row + 4)
-        kb, n = tl.load(row + 5), tl.load(row + 6)
-        i, j = t // kb, t % kb
+    def _fp8_tile_quant(w, q, scale, n, k, stride_w, stride_q, kb, BLOCK: tl.constexpr):
+        i, j = tl.program_id(0), tl.program_id(1)
         rows = i * BLOCK + tl.arange(0, BLOCK)
         cols = j * BLOCK + tl.arange(0, BLOCK)
         mask = (rows[:, None] < n) & (cols[None, :] < k)
         x = tl.load(w + rows[:, None] * stride_w + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(scale + pid)
+        s = tl.load(scale + i * kb + j)
         v = tl.minimum(tl.maximum(libdevice.div_rn(x, s), -448.0), 448.0)
         tl.store(q + rows[:, None] * stride_q + cols[None, :], v.to(tl.float8e4nv), mask=mask)
 
     @triton.jit
-    def _int8_row_scales(table, starts, count, w0, scale, bad, STEPS: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        g, r = _which(starts, count, pid, STEPS)
-        row = table + g * 7
-        w = tl.load(row).to(tl.pointer_type(w0.dtype.element_ty))
-        k, stride_w = tl.load(row + 2), tl.load(row + 3)
+    def _int8_row_scales(w, scale, bad, k, stride_w, BLOCK: tl.constexpr):
+        r = tl.program_id(0)
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         nonfinite = tl.zeros((BLOCK,), dtype=tl.int32)
         for start in range(0, k, BLOCK):
@@ -109,18 +71,13 @@ if triton is not None:
             amax = tl.maximum(amax, tl.abs(x))
             nonfinite += ((x - x) != 0).to(tl.int32)
         m = tl.max(amax, axis=0)
-        tl.store(bad + pid, tl.sum(nonfinite, axis=0))
-        tl.store(scale + pid, tl.where(m > 0, m * (1.0 / 127.0), 1.0))
+        tl.store(bad + r, tl.sum(nonfinite, axis=0))
+        tl.store(scale + r, tl.where(m > 0, m * (1.0 / 127.0), 1.0))
 
     @triton.jit
-    def _int8_row_quant(table, starts, count, w0, scale, STEPS: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        g, r = _which(starts, count, pid, STEPS)
-        row = table + g * 7
-        w = tl.load(row).to(tl.pointer_type(w0.dtype.element_ty))
-        q = tl.load(row + 1).to(tl.pointer_type(tl.int8))
-        k, stride_w, stride_q = tl.load(row + 2), tl.load(row + 3), tl.load(row + 4)
-        s = tl.load(scale + pid)
+    def _int8_row_quant(w, q, scale, k, stride_w, stride_q, BLOCK: tl.constexpr):
+        r = tl.program_id(0)
+        s = tl.load(scale + r)
         for start in range(0, k, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(w + r * stride_w + cols, mask=cols < k, other=0.0).to(tl.float32)
@@ -139,77 +96,66 @@ def _refuse_non_finite(bad: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: the weight holds NaN or infinite values")
 
 
-# ---- the two passes over several weights, into tensors the caller gives (layers/direct_quant.py
-# writes a hot update's shards into a layer's live rows with them); the quantizers below are the
-# two passes over one weight into new tensors -------------------------------------------------
+# ---- the passes, into tensors the caller gives (layers/direct_quant.py writes a layer's live
+# rows with them); the quantizers below are the two passes into new tensors ----------------
 
-BLOCK = {"fp8": 128, "int8": 1024}   # tile side (fp8); columns per step of a row (int8)
-
-
-def scale_shape(kind: str, w: torch.Tensor) -> tuple[int, ...]:
-    """The shape of ``w``'s scales: [rows] (int8) or [row tiles, column tiles] (fp8)."""
+def fp8_tile_scales(w: torch.Tensor, scale: torch.Tensor, bad: torch.Tensor, block: int = 128) -> None:
+    """Pass 1 of FP8-block: each tile's scale into ``scale`` and its count of non-finite
+    values into ``bad``, both contiguous [ceil(n/block), ceil(k/block)] (float32, int32;
+    slices of larger buffers are fine). No synchronization."""
     n, k = w.shape
-    return (n,) if kind == "int8" else (-(-n // 128), -(-k // 128))
+    nb, kb = -(-n // block), -(-k // block)
+    assert scale.is_contiguous() and bad.is_contiguous() and scale.shape == bad.shape == (nb, kb)
+    _fp8_tile_scales[(nb, kb)](w, scale, bad, n, k, w.stride(0), kb, BLOCK=block)
 
 
-def _table(kind: str, ws, qs=None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(table, starts, programs, binary-search steps) for weights ``ws`` (same dtype and
-    device, rows contiguous) and their destinations ``qs`` (rows contiguous, any row
-    stride). A row: weight address, destination address, columns, the two row strides,
-    column tiles, rows."""
-    rows, starts, total = [], [], 0
-    for i, w in enumerate(ws):
-        q = qs[i] if qs is not None else None
-        n, k = w.shape
-        assert w.dtype == ws[0].dtype and w.stride(1) == 1 and (q is None or (q.shape == w.shape and q.stride(1) == 1))
-        shape = scale_shape(kind, w)
-        rows.append((w.data_ptr(), 0 if q is None else q.data_ptr(), k, w.stride(0), 0 if q is None else q.stride(0),
-                     shape[-1], n))
-        starts.append(total)
-        total += torch.Size(shape).numel()
-    device = ws[0].device
-    table, first = (torch.tensor(x, dtype=torch.int64, device=device) for x in (rows, starts))
-    return table, first, total, max(1, (len(ws) - 1).bit_length())
+def fp8_tile_quant(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: int = 128) -> None:
+    """Pass 2 of FP8-block: ``w`` divided by its tiles' ``scale`` into ``q`` [n, k]
+    (float8_e4m3fn, rows contiguous, any row stride: a row range of a live ``qweight``)."""
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    assert q.shape == w.shape and q.stride(1) == 1 and scale.is_contiguous() and scale.shape == (nb, kb)
+    _fp8_tile_quant[(nb, kb)](w, q, scale, n, k, w.stride(0), q.stride(0), kb, BLOCK=block)
 
 
-def scales_pass(kind: str, ws, scale: torch.Tensor, bad: torch.Tensor) -> None:
-    """Pass 1 over every weight of ``ws`` in one launch: each weight's scales and non-finite
-    counts, one weight after another, into the flat ``scale`` (float32) and ``bad`` (int32)
-    (as many as the weights' ``scale_shape`` hold in all). No synchronization."""
-    table, starts, total, steps = _table(kind, ws)
-    assert scale.is_contiguous() and bad.is_contiguous() and scale.numel() == bad.numel() == total
-    kernel = _fp8_tile_scales if kind == "fp8" else _int8_row_scales
-    kernel[(total,)](table, starts, len(ws), ws[0], scale, bad, STEPS=steps, BLOCK=BLOCK[kind])
+def int8_row_scales(w: torch.Tensor, scale: torch.Tensor, bad: torch.Tensor) -> None:
+    """Pass 1 of int8 per channel: each row's scale into ``scale`` and its count of
+    non-finite values into ``bad``, both contiguous [n] (float32, int32). No synchronization."""
+    n, k = w.shape
+    assert scale.is_contiguous() and bad.is_contiguous() and scale.shape == bad.shape == (n,)
+    _int8_row_scales[(n,)](w, scale, bad, k, w.stride(0), BLOCK=1024)
 
 
-def quant_pass(kind: str, ws, qs, scale: torch.Tensor) -> None:
-    """Pass 2 over every weight of ``ws`` in one launch: each divided by its scales (from
-    ``scale_pass``'s ``scale``) into its destination in ``qs`` (float8_e4m3fn or int8,
-    rows contiguous, any row stride: a row range of a live ``qweight``)."""
-    table, starts, total, steps = _table(kind, ws, qs)
-    assert scale.is_contiguous() and scale.numel() == total
-    kernel = _fp8_tile_quant if kind == "fp8" else _int8_row_quant
-    kernel[(total,)](table, starts, len(ws), ws[0], scale, STEPS=steps, BLOCK=BLOCK[kind])
+def int8_row_quant(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    """Pass 2 of int8 per channel: ``w`` over its rows' ``scale``, rounded, into ``q`` [n, k]
+    (int8, rows contiguous, any row stride)."""
+    n, k = w.shape
+    assert q.shape == w.shape and q.stride(1) == 1 and scale.is_contiguous() and scale.shape == (n,)
+    _int8_row_quant[(n,)](w, q, scale, k, w.stride(0), q.stride(0), BLOCK=1024)
 
 
 def quantize_fp8_block(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """``quant.quantize_fp8_block``'s result, in two kernel passes (see the module docstring)."""
-    assert block == BLOCK["fp8"], "the kernels tile by 128"
-    return _quantize("fp8", w, torch.float8_e4m3fn, "quantize_fp8_block")
+    n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
+    bad = torch.empty(nb, kb, dtype=torch.int32, device=w.device)
+    fp8_tile_scales(w, scale, bad, block)
+    _refuse_non_finite(bad, "quantize_fp8_block")
+    q = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=w.device)
+    fp8_tile_quant(w, q, scale, block)
+    return q, scale
 
 
 def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``quant.quantize_int8_per_channel``'s result, in two kernel passes."""
-    return _quantize("int8", w, torch.int8, "quantize_int8_per_channel")
-
-
-def _quantize(kind: str, w: torch.Tensor, qdtype: torch.dtype, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = torch.empty(scale_shape(kind, w), dtype=torch.float32, device=w.device)
-    bad = torch.empty(scale.shape, dtype=torch.int32, device=w.device)
-    scales_pass(kind, [w], scale, bad)
-    _refuse_non_finite(bad, what)
-    q = torch.empty(w.shape, dtype=qdtype, device=w.device)
-    quant_pass(kind, [w], [q], scale)
+    n, k = w.shape
+    scale = torch.empty(n, dtype=torch.float32, device=w.device)
+    bad = torch.empty(n, dtype=torch.int32, device=w.device)
+    int8_row_scales(w, scale, bad)
+    _refuse_non_finite(bad, "quantize_int8_per_channel")
+    q = torch.empty(n, k, dtype=torch.int8, device=w.device)
+    int8_row_quant(w, q, scale)
     return q, scale
 
 
