@@ -151,6 +151,25 @@ def test_nan_in_one_tensor_is_refused_and_no_byte_changes(ckpts, paths, quantiza
     assert_hot_equals_cold(engine, b, PROMPTS[:1], max_new_tokens=4)
 
 
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_the_general_path_too_refuses_nan_before_writing_anything(ckpts, paths, monkeypatch, quantization):
+    """With the direct path off (as in the student edition), NaN in a later layer is refused
+    before the norms or the earlier layers are written, not by the quantizer halfway."""
+    monkeypatch.setenv("COURSE_LIB_DIRECT_QUANT", "0")
+    a, b = ckpts["aligned"]
+    engine = Engine(a, quantization=quantization, enable_prefix_caching=False)
+    before = kernel_bytes(engine)
+    new = [(n, t.clone()) for n, t in tensors(b)]
+    dict(new)["model.layers.1.mlp.up_proj.weight"][5, 7] = float("nan")
+    with pytest.raises(UpdateError, match=r"model\.layers\.1\.mlp\.up_proj\.weight: contains NaN or infinite"):
+        engine.update_weights_from_tensor(new)
+    assert not changed(before, kernel_bytes(engine)), "a refused update changed the weights"
+    assert staged_bytes(engine.model) == 0 and not pending_layers(engine.model)
+    assert engine.health()["healthy"] and engine.weight_update_count == 0
+    engine.update_weights_from_tensor(tensors(b))
+    assert_hot_equals_cold(engine, b, PROMPTS[:1], max_new_tokens=4)
+
+
 def test_a_partial_update_leaves_the_other_layers_unchanged(ckpts, paths):
     a, b = ckpts["aligned"]
     engine = Engine(a, quantization="int8")

@@ -16,7 +16,7 @@ import contextlib
 import torch
 
 from course_lib.layers import direct_quant
-from course_lib.layers.quant import discard_staged_weights, process_weights_after_loading
+from course_lib.layers.quant import QuantizedLinearMethod, discard_staged_weights, process_weights_after_loading
 from course_lib.engine.transaction import Applied, ValidatedUpdate, receive_even_if_refused
 from course_lib.weights import bucket, safe_pickle
 from course_lib.weights import update as weights_update
@@ -60,6 +60,15 @@ def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) ->
 
 # ---- apply steps ----------------------------------------------------------------------------
 
+def requantized(model, name: str) -> bool:
+    """Whether checkpoint tensor ``name`` lands in a quantized layer (requantized on arrival)."""
+    target = model.map_checkpoint_name(name)
+    if target is None:
+        return False
+    module = model.get_submodule(target[0].rpartition(".")[0])
+    return isinstance(getattr(module, "quant_method", None), QuantizedLinearMethod)
+
+
 def chunk_applier(engine, named_tensors, allow_pending: bool):
     """Apply validated tensors that are all in hand: copy in place, then requantize
     (layers still waiting for shards stay staged when ``allow_pending``). A quantized
@@ -73,6 +82,10 @@ def chunk_applier(engine, named_tensors, allow_pending: bool):
                 torch.cuda.synchronize()
             timer.lap("copy")
             return Applied()
+        if engine.config.quantization is not None:
+            # A quantizer refuses NaN and inf, but only once it reaches that layer, after
+            # earlier layers (and the norms) were written: refuse them before any write.
+            check_finite([(n, t) for n, t in named_tensors if requantized(engine.model, n)])
         copy_in_place(engine.model, named_tensors, engine.config.device)
         if engine.config.is_cuda:
             torch.cuda.synchronize()

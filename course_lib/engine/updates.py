@@ -139,7 +139,9 @@ class WeightUpdates:
         are checkpoint names and any subset may come. An empty chunk changes nothing
         (only ``weight_version``, when given, is recorded). ``check_finite`` also refuses
         NaN/inf values; it is off by default because it reads every byte once more, which
-        costs about a third of an in-memory update's speed.
+        costs about a third of an in-memory update's speed. (A quantized engine always
+        refuses NaN/inf in the tensors it requantizes, before writing anything: its
+        quantizers could not quantize them.)
         """
         self._refuse_if_busy(abort_all_requests)
         update = sources.tensor_update(self, named_tensors, load_format, check_finite)
