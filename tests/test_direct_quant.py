@@ -335,30 +335,43 @@ def test_a_plugged_in_commit_step_runs_instead(ckpts, paths):
 
 
 def torch_kernels(monkeypatch):
-    """Torch stand-ins for the four fused passes (the same contracts: into the tensors given),
-    so that the GPU path's bookkeeping (one buffer for every scale, the one check, each shard's
-    rows and tile rows) runs on a CPU. The kernels themselves are tested on a GPU below."""
-    def int8_row_scales(w, scale, bad):
+    """Torch stand-ins for the two fused passes (the same contracts: over several weights,
+    into the tensors given), so that the GPU path's bookkeeping (one buffer for every scale,
+    the one check, each shard's rows and tile rows) runs on a CPU. The kernels themselves
+    are tested on a GPU below."""
+    def scales_of(kind, w, scale, bad):
         x = w.float()
-        amax = x.abs().amax(dim=1)
-        scale.copy_(torch.where(amax > 0, amax / 127.0, torch.ones_like(amax)))
-        bad.copy_((~torch.isfinite(x)).sum(dim=1))
+        if kind == "int8":
+            amax, nonfinite = x.abs().amax(dim=1), (~torch.isfinite(x)).sum(dim=1)
+            peak = 127.0
+        else:
+            (n, k), (nb, kb) = w.shape, fused_quant.scale_shape(kind, w)
+            tiles = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, nb * 128 - n)).view(nb, 128, kb, 128)
+            amax, nonfinite, peak = tiles.abs().amax(dim=(1, 3)), (~torch.isfinite(tiles)).sum(dim=(1, 3)), quant.FP8_MAX
+        scale.copy_(torch.where(amax > 0, amax / peak, torch.ones_like(amax)).flatten())
+        bad.copy_(nonfinite.flatten())
 
-    def int8_row_quant(w, q, scale):
-        q.copy_(torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+    def quant_of(kind, w, q, scale):
+        shape = fused_quant.scale_shape(kind, w)
+        if kind == "int8":
+            q.copy_(torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+        else:
+            v = w.float() / quant.expand_block_scale(scale.view(shape), w.shape)
+            q.copy_(v.clamp(-quant.FP8_MAX, quant.FP8_MAX).to(torch.float8_e4m3fn))
 
-    def fp8_tile_scales(w, scale, bad):
-        (n, k), (nb, kb) = w.shape, scale.shape
-        tiles = torch.nn.functional.pad(w.float(), (0, kb * 128 - k, 0, nb * 128 - n)).view(nb, 128, kb, 128)
-        amax = tiles.abs().amax(dim=(1, 3))
-        scale.copy_(torch.where(amax > 0, amax / quant.FP8_MAX, torch.ones_like(amax)))
-        bad.copy_((~torch.isfinite(tiles)).sum(dim=(1, 3)))
+    def split(kind, ws, *flat):
+        sizes = [torch.Size(fused_quant.scale_shape(kind, w)).numel() for w in ws]
+        return zip(ws, *(t.split(sizes) for t in flat))
 
-    def fp8_tile_quant(w, q, scale):
-        v = w.float() / quant.expand_block_scale(scale, w.shape)
-        q.copy_(v.clamp(-quant.FP8_MAX, quant.FP8_MAX).to(torch.float8_e4m3fn))
+    def scales_pass(kind, ws, scale, bad):
+        for w, sc, bd in split(kind, ws, scale, bad):
+            scales_of(kind, w, sc, bd)
+
+    def quant_pass(kind, ws, qs, scale):
+        for (w, sc), q in zip(split(kind, ws, scale), qs):
+            quant_of(kind, w, q, sc)
     calls = []
-    for f in (int8_row_scales, int8_row_quant, fp8_tile_scales, fp8_tile_quant):
+    for f in (scales_pass, quant_pass):
         monkeypatch.setattr(fused_quant, f.__name__, lambda *args, _f=f: calls.append(_f.__name__) or _f(*args))
     monkeypatch.setattr(fused_quant, "triton", object())
     monkeypatch.setattr(fused_quant, "available", lambda w: True)
@@ -379,11 +392,9 @@ def test_the_gpu_paths_bookkeeping_with_torch_kernels(ckpts, paths, monkeypatch,
     dict(bad)["model.layers.1.self_attn.v_proj.weight"][100, 3] = float("inf")
     with pytest.raises(UpdateError, match=r"layers\.1\.self_attn\.qkv_proj: the weight holds NaN or infinite"):
         direct.update_weights_from_tensor(bad)
-    shards = 7 * direct.model_config.num_hidden_layers
-    scales, quants = (f"{'fp8_tile' if quantization == 'fp8' else 'int8_row'}_{p}" for p in ("scales", "quant"))
-    assert calls == [scales] * shards and not changed(before, kernel_bytes(direct))
+    assert calls == ["scales_pass"] and not changed(before, kernel_bytes(direct))
     direct.update_weights_from_tensor(tensors(b))
-    assert calls[shards:] == [scales] * shards + [quants] * shards  # every scale first, then the writes
+    assert calls[1:] == ["scales_pass", "quant_pass"]  # every scale first (one launch), then the writes
     assert paths.direct == [False, True] and paths.general == 1  # the general engine, then this one
     assert not changed(kernel_bytes(general), kernel_bytes(direct))
 
@@ -397,28 +408,28 @@ def gpu_ckpts(make_ckpt):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-def test_fused_passes_write_a_row_range_of_a_larger_tensor(kind):
-    """Pass 1 into slices of shared buffers, pass 2 into rows [256, 640) of a live-like
-    tensor: the reference's bits there, every other row untouched."""
+def test_fused_passes_write_several_weights_into_row_ranges_of_a_larger_tensor(kind):
+    """Both passes over three weights in one launch each: scales into one buffer after 5
+    untouched entries, values into rows [0, 384), [384, 512) and [640, 770) of a
+    live-like tensor: the reference's bits there, every other row untouched."""
     g = torch.Generator(device="cpu").manual_seed(7)
-    w = (torch.randn(384, 300, generator=g) * 0.05).to("cuda", torch.bfloat16)
-    w[:128, :128] = 0
+    ws = [(torch.randn(n, 300, generator=g) * 0.05).to("cuda", torch.bfloat16) for n in (384, 128, 130)]
+    ws[0][:128, :128] = 0
     reference = getattr(quant, direct_quant.QUANTIZERS[kind][1])
-    ref_q, ref_s = reference(w)
+    refs = [reference(w) for w in ws]
     qdtype = torch.int8 if kind == "int8" else torch.float8_e4m3fn
     live = torch.zeros(1024, 300, dtype=torch.uint8, device="cuda").view(qdtype)
-    scales = torch.full((ref_s.numel() + 5,), -1.0, device="cuda")
-    bad = torch.full((ref_s.numel() + 5,), -1, dtype=torch.int32, device="cuda")
-    scale, count = scales[5:].view(ref_s.shape), bad[5:].view(ref_s.shape)
-    if kind == "int8":
-        fused_quant.int8_row_scales(w, scale, count)
-        fused_quant.int8_row_quant(w, live.narrow(0, 256, 384), scale)
-    else:
-        fused_quant.fp8_tile_scales(w, scale, count)
-        fused_quant.fp8_tile_quant(w, live.narrow(0, 256, 384), scale)
-    assert torch.equal(scale, ref_s) and int(count.sum()) == 0 and (scales[:5] == -1).all()
-    assert torch.equal(live[256:640].view(torch.uint8), ref_q.view(torch.uint8))
-    assert not live[:256].view(torch.uint8).any() and not live[640:].view(torch.uint8).any()
+    sizes = [s.numel() for _, s in refs]
+    scales = torch.full((sum(sizes) + 5,), -1.0, device="cuda")
+    bad = torch.full((sum(sizes) + 5,), -1, dtype=torch.int32, device="cuda")
+    firsts = (0, 384, 640)
+    fused_quant.scales_pass(kind, ws, scales[5:], bad[5:])
+    fused_quant.quant_pass(kind, ws, [live.narrow(0, f, w.shape[0]) for f, w in zip(firsts, ws)], scales[5:])
+    assert (scales[:5] == -1).all() and int(bad[5:].sum()) == 0
+    for (ref_q, ref_s), scale, f in zip(refs, scales[5:].split(sizes), firsts):
+        assert torch.equal(scale.view(ref_s.shape), ref_s)
+        assert torch.equal(live[f:f + ref_q.shape[0]].view(torch.uint8), ref_q.view(torch.uint8))
+    assert not live[512:640].view(torch.uint8).any() and not live[770:].view(torch.uint8).any()
 
 
 @pytest.mark.cuda
@@ -432,16 +443,15 @@ def test_gpu_direct_path_writes_the_general_paths_bits(gpu_ckpts, paths, monkeyp
     kw = dict(device="cuda", quantization=quantization, enable_cuda_graph=False)
     direct, general = Engine(a, **kw), Engine(a, **kw)
     passes = []
-    for name in ("int8_row_quant", "fp8_tile_quant"):
-        original = getattr(fused_quant, name)
-        monkeypatch.setattr(fused_quant, name, lambda *args, _f=original: passes.append(1) or _f(*args))
+    original = fused_quant.quant_pass
+    monkeypatch.setattr(fused_quant, "quant_pass", lambda *args: passes.append(len(args[1])) or original(*args))
     with monkeypatch.context() as m:
         if not fused:
             m.setattr(fused_quant, "agrees_with", lambda *args: False)
         direct.update_weights_from_tensor(new)
     assert paths.direct == [True] and paths.general == 0
     shards = 7 * direct.model_config.num_hidden_layers
-    assert len(passes) == (shards if fused else 0), "each shard written by the fused kernels, or none"
+    assert passes == ([shards] if fused else []), "every shard written by one fused launch, or none"
     monkeypatch.setenv("COURSE_LIB_DIRECT_QUANT", "0")
     general.update_weights_from_tensor(new)
     got, want = kernel_bytes(direct), kernel_bytes(general)
