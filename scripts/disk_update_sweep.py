@@ -23,6 +23,7 @@ import time
 import torch
 
 from course_lib import Engine
+from course_lib.bench.update import median_time
 from course_lib.weights import pinned_reader
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.layerwise import layer_key
@@ -40,11 +41,8 @@ def pinned_h2d_gbps(nbytes: int) -> float:
 
 
 def timed(fn) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    """Seconds of one call, the GPU synchronized before and after."""
+    return median_time(fn, "cuda", repeat=1, warmup=0)
 
 
 def probes(path, nbytes: int) -> None:
