@@ -188,6 +188,7 @@ def _table(kind: str, ws, qs=None) -> tuple[torch.Tensor, torch.Tensor, int, int
         n, k = w.shape
         assert w.dtype == ws[0].dtype and w.stride(1) == 1 and (q is None or (q.shape == w.shape and q.stride(1) == 1))
         w_bytes = w.data_ptr() - base
+        assert w_bytes % size == 0, "a weight's address is not a whole number of elements from the first one's"
         q_bytes, stride_q = (q.data_ptr() - qbase, q.stride(0)) if q is not None else (0, 0)
         aligned = aligned and w_bytes % 16 == 0 and (w.stride(0) * size) % 16 == 0 and k % 16 == 0 \
             and q_bytes % 16 == 0 and stride_q % 16 == 0
