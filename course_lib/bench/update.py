@@ -134,8 +134,8 @@ def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, r
     times by bucket number (``update_weights_from_registered``). ``resident``: its weights
     live in the registered buffer (no packing, one message per round); else it packs
     into two reused buffers. Engine-side and end-to-end GB/s of the last round; with
-    ``compare_modes``, also the engine-side GB/s of each copy mode (loop, foreach, graph)
-    on the same registration, copying every bucket in one call."""
+    ``compare_modes``, also the engine-side GB/s of each copy mode (loop, foreach, graph,
+    scatter) on the same registration, copying every bucket in one call."""
     ctx = mp.get_context("spawn")
     payloads, acks = trainer.Channel(ctx), trainer.Channel(ctx)  # see Channel: no feeder thread
     child = ctx.Process(target=trainer.push_registered,
