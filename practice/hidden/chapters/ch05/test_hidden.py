@@ -110,9 +110,12 @@ def test_pack_lays_out_random_mixes_by_the_rules(rng):
 @PACK
 def test_pack_reuses_a_buffer_with_new_bytes_and_refuses_a_short_one(rng):
     r, seed = rng
-    out = torch.empty(1 << 14, dtype=torch.uint8).random_()
-    for round_ in range(3):
-        pairs = random_pairs(r)
+    rounds = [random_pairs(r) for _ in range(3)]
+    # One buffer large enough for every round (random shapes reach 32 KiB), with spare bytes after
+    # the largest bucket so that "fits exactly" is not the only case tried.
+    room = max(expected_layout(pairs)[1] for pairs in rounds) + r.randint(0, 64)
+    out = torch.empty(room, dtype=torch.uint8).random_()
+    for round_, pairs in enumerate(rounds):
         packed = bucket.pack(pairs, out=out)
         assert packed["flattened_tensor"].data_ptr() == out.data_ptr(), \
             f"{seed}: round {round_}: the bucket lives in the given buffer (no new allocation)"
