@@ -13,8 +13,9 @@ around), so a learner in chapter 02 is not sent to chapter 04 first.
 on a student edition with only that chapter's and the earlier chapters' parts written.
 
 The other question, ``is_reference``: is this part the instructor edition's? A fast path
-that does a learner's part's work its own way (``layers/direct_quant.py``) may run only
-where that part is the reference, so it can never hide a wrong one.
+that does a learner's part's work its own way (``layers/direct_quant.py``, the copy tables
+of ``weights/registered.py``) may run only where that part is the reference, so it can
+never hide a wrong one.
 """
 from __future__ import annotations
 

@@ -10,8 +10,10 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights import safe_pickle, scatter_copy
+from course_lib.exercises import fingerprint
+from course_lib.weights import registered, safe_pickle, scatter_copy
 from course_lib.weights.checkpoint import CheckpointReader
+from course_lib.weights.copy_plan import CopyPlan
 from course_lib.weights.registered import stream_layout
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.registered import RegisteredSender
@@ -173,6 +175,73 @@ def test_a_weight_rebound_after_registration_is_refused_before_anything_is_writt
     with pytest.raises(UpdateError, match="qkv_proj.weight .* no longer lives where it was registered"):
         push_all(engine, sender, sent)
     assert same(weights(engine), before)
+
+
+# ---- whose code copies: the table's copies stand in for chapter 04's commit step only ------------
+
+def test_the_commit_step_fingerprint_is_the_instructor_editions():
+    digest = fingerprint(CopyPlan.apply)
+    assert digest == registered.COMMIT_STEP_DIGEST, (
+        f"CopyPlan.apply changed: if that is meant, set COMMIT_STEP_DIGEST in course_lib/weights/registered.py "
+        f"to {digest!r}")
+    assert registered.commit_step_is_reference()
+
+
+def registered_run(engine, sent, mode="loop"):
+    sender = RegisteredSender(sent, BUCKET, num_buffers=2)
+    sender.epoch = engine.register_weight_buffers(sender.registration(), copy_mode=mode)["epoch"]
+    return push_all(engine, sender, sent)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["same-dtype", "bf16-into-fp32"])
+def test_a_learners_commit_step_copies_every_registered_piece(ckpts, monkeypatch, dtype):
+    """A learner's commit step (here the reference wrapped, so its source differs) is what
+    copies: once per message, every piece of it, and the weights are the bucket path's."""
+    a, b = ckpts
+    sent = tensors_of(b, dtype)
+    reference = Engine(a)
+    reference.update_weights_from_tensor(sent)
+    original, calls = CopyPlan.apply, []
+
+    def learners_commit_step(self, named_tensors):
+        named_tensors = list(named_tensors)
+        calls.append([name for name, _ in named_tensors])
+        return original(self, named_tensors)
+    monkeypatch.setattr(CopyPlan, "apply", learners_commit_step)
+    assert not registered.commit_step_is_reference()
+    engine = Engine(a)
+    calls.clear()  # start-up does not copy through it; only the updates below count
+    registered_run(engine, sent, mode="foreach")
+    pieces = [label for call in calls for label in call]
+    assert len(calls) > 3 and len(pieces) == len(set(pieces)) > len(sent), "one call per bucket, every piece once"
+    assert same(weights(engine), weights(reference))
+
+
+def test_a_wrong_commit_step_shows_in_the_weights(ckpts, monkeypatch):
+    """A commit step that copies nothing leaves the weights as they were: the registered path
+    does not do its work for it."""
+    a, b = ckpts
+    engine = Engine(a)
+    before = weights(engine)
+    monkeypatch.setattr(CopyPlan, "apply", lambda self, named_tensors: None)
+    registered_run(engine, tensors_of(b))
+    assert same(weights(engine), before)
+
+
+def test_an_unwritten_commit_step_is_switched_off(ckpts, monkeypatch):
+    """The student edition before chapter 04: the stub raises before reading anything, and
+    the table's own copies run (as the loaders do on the other paths)."""
+    a, b = ckpts
+    sent = tensors_of(b)
+    reference = Engine(a)
+    reference.update_weights_from_tensor(sent)
+
+    def stub(self, named_tensors):
+        raise NotImplementedError("ch04.copy_in_place: write this part")
+    engine = Engine(a)
+    monkeypatch.setattr(CopyPlan, "apply", stub)
+    registered_run(engine, sent)
+    assert same(weights(engine), weights(reference))
 
 
 def test_registration_is_refused_where_bytes_cannot_be_copied_straight_in(ckpts):

@@ -46,6 +46,14 @@ class CopyPlan:
     def __init__(self, model: nn.Module):
         self.views = {name: checkpoint_view(model, name) for name in hf_tensor_shapes(model.config)}
 
+    @classmethod
+    def from_views(cls, views: dict) -> "CopyPlan":
+        """A plan over given views ({key: the tensor to write}): how a registered update
+        hands its pieces to the commit step (``registered.RegisteredTable.commit_step``)."""
+        plan = cls.__new__(cls)
+        plan.views = views
+        return plan
+
     @staticmethod
     def for_model(model: nn.Module) -> "CopyPlan | None":
         """The model's plan (made on first use, then kept), or None where the general
