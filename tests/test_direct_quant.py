@@ -17,6 +17,7 @@ from course_lib.layers.quant import QuantizedLinearMethod, kernel_tensors, pendi
 from course_lib.models.loader import build_model
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold, plugged_commit
 from course_lib.weights.checkpoint import CheckpointReader, preset, write_checkpoint
+from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.update import UpdateError
 
 # GPU_TEST_SHAPE's dimensions in float32: q, k, v, gate and up each start on a 128-row
@@ -228,6 +229,21 @@ def test_apply_checks_the_shapes_it_assumes(ckpts):
     with pytest.raises(UpdateError, match=r"q_proj.weight: .*\(128, 256\), expected .*\(256, 256\)"):
         direct_quant.apply(model, bad, "cpu")
     assert all(torch.equal(t, before[n]) for n, t in model.named_buffers())
+
+
+def test_the_update_audits_what_the_loaders_wrote_and_the_resume_audits_everything(ckpts, paths):
+    """The direct path writes through the kernel tensors the layers hold now (it never
+    rebinds), so the update audits only the parameters the loaders wrote (norms, embedding);
+    a kernel tensor moved by something else is still caught, by the full audit at resume."""
+    a, b = ckpts["aligned"]
+    engine = Engine(a, quantization="int8")
+    engine.pause_generation("retract")
+    layer = engine.model.model.layers[0].mlp.down_proj
+    layer.qweight = layer.qweight.clone()  # a bug elsewhere: the kernels' memory is no longer the layer's
+    result = engine.update_weights_from_tensor(tensors(b))
+    assert result["success"] and paths.direct == [True]
+    with pytest.raises(AddressMovedError, match=r"down_proj.qweight: data_ptr changed"):
+        engine.continue_generation()
 
 
 # ---- the gates: the direct path only stands in for the instructor edition's parts -------------

@@ -75,13 +75,21 @@ def chunk_applier(engine, named_tensors, allow_pending: bool):
     engine on one rank requantizes straight into its kernel tensors where
     ``layers/direct_quant.py`` may (the same bits, less than half the memory traffic), unless
     a learner's commit step is plugged in (``testing.plugged_commit``): that one runs."""
+    def written() -> Applied:
+        # Only the parameters this chunk wrote need auditing now (the full audit runs when
+        # generation resumes): cheaper than walking every module after each chunk.
+        targets = map(engine.model.map_checkpoint_name, (n for n, _ in named_tensors))
+        return Applied(audit_only={t[0] for t in targets if t})
+
     def apply(timer: PhaseTimer) -> Applied:
         if (engine.config.quantization is not None and copy_in_place is weights_update.copy_in_place
                 and direct_quant.apply(engine.model, named_tensors, engine.config.device, allow_pending)):
             if engine.config.is_cuda:
                 torch.cuda.synchronize()
             timer.lap("copy")
-            return Applied()
+            # The direct path wrote the quantized layers through views of the qweight and
+            # weight_scale they hold now (it never rebinds); the rest went through the loaders.
+            return written()
         if engine.config.quantization is not None:
             # A quantizer refuses NaN and inf, but only once it reaches that layer, after
             # earlier layers (and the norms) were written: refuse them before any write.
@@ -91,11 +99,7 @@ def chunk_applier(engine, named_tensors, allow_pending: bool):
             torch.cuda.synchronize()
         timer.lap("copy")
         if engine.config.quantization is None:
-            # Checkpoint format is kernel format: nothing to post-process, and only the
-            # parameters this chunk wrote need auditing now (the full audit runs when
-            # generation resumes).
-            targets = map(engine.model.map_checkpoint_name, (n for n, _ in named_tensors))
-            return Applied(audit_only={t[0] for t in targets if t})
+            return written()  # checkpoint format is kernel format: nothing to post-process
         process_weights_after_loading(engine.model, allow_pending=allow_pending)
         timer.lap("post_process")
         return Applied()
