@@ -107,8 +107,9 @@ def test_qkv_rows_real_model_holds_each_ranks_heads(kind, rng):
 def test_qkv_rows_hot_update_equals_cold_start(kind, rng, tmp_path):
     # A hot update on one rank goes through the copy plan, which is built from shard_rows.
     config = config_for(kind, rng)
-    old = make_random(tmp_path / "old", config, seed=rng.randrange(10_000))
-    new = make_random(tmp_path / "new", config, seed=rng.randrange(10_000))
+    old_seed, new_seed = rng.sample(range(10_000), 2)  # never equal: an update to the same weights proves nothing
+    old = make_random(tmp_path / "old", config, seed=old_seed)
+    new = make_random(tmp_path / "new", config, seed=new_seed)
     engine = Engine(old)
     engine.update_weights_from_disk(str(new))
     assert_hot_equals_cold(engine, new, PROMPTS, max_new_tokens=3)
@@ -156,8 +157,9 @@ def test_gate_up_rows_real_model_on_two_ranks(rng):
 @gate_up_rows
 def test_gate_up_rows_hot_update_equals_cold_start(rng, tmp_path):
     config = config_for("gqa", rng)
-    old = make_random(tmp_path / "old", config, seed=rng.randrange(10_000))
-    new = make_random(tmp_path / "new", config, seed=rng.randrange(10_000))
+    old_seed, new_seed = rng.sample(range(10_000), 2)  # never equal: an update to the same weights proves nothing
+    old = make_random(tmp_path / "old", config, seed=old_seed)
+    new = make_random(tmp_path / "new", config, seed=new_seed)
     engine = Engine(old)
     engine.update_weights_from_disk(str(new))
     assert_hot_equals_cold(engine, new, PROMPTS, max_new_tokens=3)
