@@ -224,7 +224,8 @@ def test_stage_shard_a_refused_shard_leaves_the_staged_rows_and_records_as_they_
 @STAGE
 def test_stage_shard_engine_updates_requantize_what_an_unquantized_engine_holds(rng, tmp_path):
     config = _config(rng)
-    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng)) for k in range(2)]
+    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng, s))
+             for k, s in enumerate(_seeds(rng, 2))]
     quantization = rng.choice(["int8", "fp8"])
     engine = Engine(paths[0], quantization=quantization)
     plain = Engine(paths[1])
@@ -304,9 +305,14 @@ def _config(rng):
                   tie_word_embeddings=rng.random() < 0.5)
 
 
-def _tricky_state(config, rng):
+def _seeds(rng, n):
+    """n different checkpoint seeds: two versions drawn from one seed would make an update change nothing."""
+    return rng.sample(range(10_000), n)
+
+
+def _tricky_state(config, rng, seed):
     """Random weights; some linear weights get rows with exact ties and all-zero rows."""
-    state = random_state_dict(config, rng.randrange(10_000))
+    state = random_state_dict(config, seed)
     linear = [n for n in state if n.endswith("proj.weight")]
     for name in rng.sample(linear, k=min(6, len(linear))):
         w = state[name]
@@ -337,7 +343,8 @@ def _float_copies_left(model):
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
 def test_requantize_hot_updates_equal_cold_start(rng, tmp_path, quantization):
     config = _config(rng)
-    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng)) for k in range(3)]
+    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng, s))
+             for k, s in enumerate(_seeds(rng, 3))]
     hot = Engine(paths[0], quantization=quantization, max_num_seqs=4, max_model_len=256)
     where = f"seed {SEED}, {quantization} engine (hidden {config.hidden_size}, intermediate {config.intermediate_size})"
     addresses = {n: (t.data_ptr(), t.shape, t.dtype) for n, t in _kernel_buffers(hot).items()}
@@ -361,8 +368,9 @@ def test_requantize_hot_updates_equal_cold_start(rng, tmp_path, quantization):
 def test_requantize_a_partial_update_waits_for_every_shard(rng, tmp_path):
     """After a full update, q alone must not be requantized with stale k and v rows."""
     config = _config(rng)
-    a = write_checkpoint(tmp_path / "a", config, _tricky_state(config, rng))
-    b = write_checkpoint(tmp_path / "b", config, _tricky_state(config, rng))
+    seed_a, seed_b = _seeds(rng, 2)
+    a = write_checkpoint(tmp_path / "a", config, _tricky_state(config, rng, seed_a))
+    b = write_checkpoint(tmp_path / "b", config, _tricky_state(config, rng, seed_b))
     quantization = rng.choice(["int8", "fp8"])
     engine = Engine(a, quantization=quantization)
     engine.update_weights_from_disk(b)
@@ -389,8 +397,9 @@ def _mixed(tmp_path, config, a, b, names):
 @REQUANT
 def test_requantize_a_nan_checkpoint_is_refused_and_changes_nothing(rng, tmp_path):
     config = _config(rng)
-    a = write_checkpoint(tmp_path / "a", config, _tricky_state(config, rng))
-    state = _tricky_state(config, rng)
+    seed_a, seed_bad = _seeds(rng, 2)
+    a = write_checkpoint(tmp_path / "a", config, _tricky_state(config, rng, seed_a))
+    state = _tricky_state(config, rng, seed_bad)
     name = rng.choice([n for n in state if n.endswith("proj.weight")])
     state[name][rng.randrange(state[name].shape[0]), 0] = float("nan")
     bad = write_checkpoint(tmp_path / "bad", config, state)
@@ -409,7 +418,8 @@ def test_requantize_a_nan_checkpoint_is_refused_and_changes_nothing(rng, tmp_pat
 def test_requantize_cuda_graphs_hot_equals_cold(rng, tmp_path, quantization):
     config = preset("small", num_hidden_layers=2, torch_dtype="bfloat16", hidden_size=256, head_dim=64,
                     num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
-    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng)) for k in range(2)]
+    paths = [write_checkpoint(tmp_path / f"v{k}", config, _tricky_state(config, rng, s))
+             for k, s in enumerate(_seeds(rng, 2))]
     opts = dict(device="cuda", quantization=quantization, enable_cuda_graph=True, max_num_seqs=4, max_model_len=256)
     hot = Engine(paths[0], **opts)
     hot.generate(PROMPTS, {"max_new_tokens": 2, "temperature": 0})  # graphs captured and replayed
@@ -477,8 +487,9 @@ def _layer_bytes(groups, model, quantized):
 @pytest.mark.parametrize("quantization", [None, "int8", "fp8"])
 def test_layerwise_each_layer_lands_when_complete_holding_one_layer(rng, tmp_path, monkeypatch, quantization):
     config = _config(rng)
-    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, rng.randrange(10_000)))
-    b = write_checkpoint(tmp_path / "b", config, random_state_dict(config, rng.randrange(10_000)))
+    seed_a, seed_b = _seeds(rng, 2)  # equal seeds would leave every layer unchanged once complete
+    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, seed_a))
+    b = write_checkpoint(tmp_path / "b", config, random_state_dict(config, seed_b))
     engine = Engine(a, quantization=quantization)
     new = dict(CheckpointReader(b).iter_tensors())
     groups = {}
@@ -519,9 +530,10 @@ def test_layerwise_each_layer_lands_when_complete_holding_one_layer(rng, tmp_pat
 @LAYERWISE
 def test_layerwise_refusals_change_nothing_and_a_nan_layer_is_not_written(rng, tmp_path, monkeypatch):
     config = _config(rng)
-    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, rng.randrange(10_000)))
+    seed_a, seed_new = _seeds(rng, 2)  # a write of the same values would go unseen
+    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, seed_a))
     engine = Engine(a, quantization=rng.choice([None, "int8"]))
-    new = random_state_dict(config, rng.randrange(10_000))
+    new = random_state_dict(config, seed_new)
     reload = LayerwiseReload(engine.model, list(new), "cpu")
     start = _kernel_state(engine.model)
     layer = f"model.layers.{rng.randrange(config.num_hidden_layers)}"
