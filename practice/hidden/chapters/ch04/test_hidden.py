@@ -33,8 +33,14 @@ def random_config(r, **kw):
 
 
 def checkpoints(tmp_path, r, config, n=2):
-    return [write_checkpoint(tmp_path / f"v{i}", config, random_state_dict(config, r.randrange(10_000)))
-            for i in range(n)]
+    # Seeds below 10_000, all different: an update to the same weights would change nothing and prove nothing.
+    return [write_checkpoint(tmp_path / f"v{i}", config, random_state_dict(config, seed))
+            for i, seed in enumerate(r.sample(range(10_000), n))]
+
+
+def new_state(r, config):
+    """Weights other than any checkpoint's above (another seed range), so that writing them shows."""
+    return random_state_dict(config, r.randrange(10_000, 20_000))
 
 
 def addresses(engine):
@@ -96,7 +102,7 @@ def test_apply_mixed_dtypes_and_a_generator(tmp_path, rng):
     config = random_config(r)
     (a,) = checkpoints(tmp_path, r, config, 1)
     engine = Engine(a, max_model_len=64)
-    new = random_state_dict(config, r.randrange(10_000))
+    new = new_state(r, config)
     names = r.sample(list(new), len(new) // 2)
     sent = {n: (new[n].to(torch.bfloat16) if r.random() < 0.5 else new[n]) for n in names}
     plan = CopyPlan.for_model(engine.model)
@@ -123,7 +129,7 @@ def test_a_bad_tensor_anywhere_refuses_the_whole_apply(tmp_path, rng):
     config = random_config(r)
     (a,) = checkpoints(tmp_path, r, config, 1)
     engine = Engine(a, max_model_len=64)
-    new = list(random_state_dict(config, r.randrange(10_000)).items())
+    new = list(new_state(r, config).items())
     r.shuffle(new)
     plan, old = CopyPlan.for_model(engine.model), model_state(engine.model)
     matrices = [i for i, (n, t) in enumerate(new) if t.dim() == 2 and t.shape[0] != t.shape[1]]
@@ -194,7 +200,7 @@ def test_an_update_that_rebinds_once_per_fused_shard_is_caught(tmp_path, rng):
     r, seed = rng
     engine = engine_without_other_holders(tmp_path, r)
     config = engine.model_config
-    b = write_checkpoint(tmp_path / "b", config, random_state_dict(config, r.randrange(10_000)))
+    b = write_checkpoint(tmp_path / "b", config, new_state(r, config))
 
     def rebind_each_shard(model, named_tensors):
         for name, t in named_tensors:
