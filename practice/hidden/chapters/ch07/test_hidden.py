@@ -76,8 +76,9 @@ class World:
         self.key = os.urandom(12).hex()
         config = preset("tiny", hidden_size=r.choice([48, 64]), intermediate_size=r.choice([96, 128]),
                         num_hidden_layers=r.choice([2, 3]), tie_word_embeddings=r.random() < 0.5)
-        self.ckpts = [write_checkpoint(root / f"v{i}", config, random_state_dict(config, r.randrange(10_000)))
-                      for i in range(3)]
+        # Three different seeds: a sync to weights equal to the served ones would prove nothing.
+        self.ckpts = [write_checkpoint(root / f"v{i}", config, random_state_dict(config, seed))
+                      for i, seed in enumerate(r.sample(range(10_000), 3))]
         self.log: list = []
         self.server = start_server(self.ckpts[0], self.log, allow_weight_update=True, api_key=self.key)
         self.url = self.server.url
@@ -223,7 +224,9 @@ def test_the_key_is_checked_before_the_weight_route_switch(world):
 @STATUS
 def test_a_live_server_answers_409_400_503_in_the_error_shape(world):
     seed, url, h = world.seed, world.url, {"X-API-Key": world.key}
-    tokens = random.Random(seed).randrange(150, 250)
+    # Aborted below, so its length costs nothing: long enough to outlast the three calls on a busy machine
+    # (a tiny model makes about 500 tokens a second on one core).
+    tokens = random.Random(seed).randrange(800, 900)
     world.reset(world.ckpts[0])
     thread = world.long_request(tokens)
     try:
@@ -308,7 +311,9 @@ def flush_replies(world, since: int) -> list:
 @FLUSH
 def test_flush_is_retried_while_a_wait_pause_drains(world):
     seed = world.seed
-    tokens = random.Random(seed).randrange(100, 200)
+    # The drain runs it to its end, but it must outlast the pause and the first flush: at about 500 tokens a
+    # second, 100 tokens left a busy machine too little time (a run saw only 3 flushes before the drain ended).
+    tokens = random.Random(seed).randrange(300, 400)
     thread = world.long_request(tokens)
     since = len(world.log)
     with world.client() as c:
@@ -328,7 +333,7 @@ def test_flush_is_retried_while_a_wait_pause_drains(world):
 def test_flush_gives_up_after_its_tries_with_the_last_error(world):
     seed = world.seed
     n = random.Random(seed).randrange(2, 6)
-    thread = world.long_request(150)  # not paused: every flush is refused while it runs
+    thread = world.long_request(900)  # not paused: every flush is refused while it runs (aborted below)
     since = len(world.log)
     try:
         with world.client() as c, pytest.raises(EngineError) as info:
@@ -469,7 +474,7 @@ def test_a_failure_before_any_weight_changed_still_continues(world, tmp_path):
         world.hot_equals_cold(world.ckpts[0], f"{what} changed no weight")
     # A first flush that never succeeds (a wait pause whose request outlives the tries).
     world.reset(world.ckpts[0], version="before")
-    thread = world.long_request(150)
+    thread = world.long_request(400)  # outlasts the pause and two flushes on a busy machine too
     try:
         error, paths = failing_sync(world, "flush gave up", named_tensors=tensors, weight_version="never",
                                     pause_mode="wait", flush_tries=2)
