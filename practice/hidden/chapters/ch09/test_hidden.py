@@ -333,7 +333,7 @@ def test_quality_alone_rolls_back_and_is_read_on_the_new_weights(world):
 def snapshot_world(tmp_path, r, quantization=None):
     config = preset("tiny", num_hidden_layers=r.choice([2, 3]), tie_word_embeddings=r.random() < 0.5)
     old = make_random(tmp_path / "old", config, seed=r.randrange(10_000))
-    new = make_random(tmp_path / "new", config, seed=r.randrange(10_000))
+    new = make_random(tmp_path / "new", config, seed=r.randrange(10_000, 20_000))  # never old's weights
     engine = Engine(old, quantization=quantization)
     state = {n: t.clone() for n, t in kernel_tensors(engine.model).items()}
     addresses = {n: t.data_ptr() for n, t in kernel_tensors(engine.model).items()}
