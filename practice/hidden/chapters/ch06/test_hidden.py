@@ -322,7 +322,8 @@ def test_random_tensors_arrive_in_place_over_gloo(rng, trainer_first):
             sources[name] = R.Layout.replicated(shape, T)
         dests[name] = R.Layout.split(shape, 2, i % 2) if min(shape) >= 2 else R.Layout.replicated(shape, 2)
     plan = own_plan(tensors, sources, dests)
-    full = {n: (torch.randn(s) * 100).to(d) for n, (s, d) in tensors.items()}
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))  # values from the printed seed too
+    full = {n: (torch.randn(s, generator=gen) * 100).to(d) for n, (s, d) in tensors.items()}
     out, errors, hung = over_gloo(plan, [R.trainer_locals(full, plan, t) for t in range(T)], trainer_first,
                                   inflight_bytes=r.choice([1, 64, 1 << 20]))
     where = f"{seed}: {T} trainer ranks ({'trainers' if trainer_first else 'engines'} first in the group)"
