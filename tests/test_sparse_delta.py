@@ -33,13 +33,23 @@ def perturbed(tensors: dict, seed: int, per_tensor: int = 6) -> dict:
 
 
 @pytest.fixture(scope="module")
-def setup(make_ckpt, tmp_path_factory):
+def perturbation_seed():
+    return random.randrange(1 << 30)  # fresh elements every run
+
+
+@pytest.fixture(autouse=True)
+def _print_the_seed(request):
+    """Each test that uses ``setup`` prints the seed, so its failure report shows it."""
+    if "setup" in request.fixturenames:
+        print(f"perturbation seed {request.getfixturevalue('perturbation_seed')}")
+
+
+@pytest.fixture(scope="module")
+def setup(make_ckpt, tmp_path_factory, perturbation_seed):
     """(A, B' = A with a few elements changed, the two state dicts, an unrelated checkpoint C)."""
     a = make_ckpt("tiny", seed=51)
     old = dict(CheckpointReader(a).iter_tensors())
-    seed = random.randrange(1 << 30)  # fresh elements every run; printed when a test fails
-    print(f"perturbation seed {seed}")
-    new = perturbed(old, seed)
+    new = perturbed(old, perturbation_seed)
     b = write_checkpoint(tmp_path_factory.mktemp("b-prime"), CheckpointReader(a).config, new)
     return a, b, old, new, make_ckpt("tiny", seed=52)
 
