@@ -77,8 +77,8 @@ def run(mode: str = "retract", device: str = "cpu", seed: int = 0, preset: str =
         engine = result.pop("engine")
         echo("")
         _show_spans(result["outputs"], echo)
-        _show_costs(result["update"], engine.pause_stats[-1], echo)
-        result["pause"] = engine.pause_stats[-1]
+        result["pause"] = engine.pause_stats[-1].as_dict()
+        _show_costs(result["update"], result["pause"], echo)
         result["hot_equals_cold"] = check_hot_equals_cold(engine, v2, echo)
         result["checkpoints"] = {"v1": str(v1), "v2": str(v2)}
     return result

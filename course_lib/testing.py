@@ -79,24 +79,21 @@ def assert_addresses_unchanged(engine) -> None:
 
 
 @contextlib.contextmanager
-def plugged_commit(load_into):
-    """While active, the engine's full-staging and in-memory updates commit validated
-    tensors with ``load_into(model, named_tensors)`` instead of the engine's own
-    ``copy_in_place``; everything around it (validation, requests, post-processing, the
-    address audit, versions) stays the engine's. The hook exercises and graders plug
-    learners' code into."""
-    from course_lib.engine import update_sources
-
-    original = update_sources.copy_in_place
-
-    def copy_in_place(model, named_tensors, device):
+def plugged_commit(engine, load_into):
+    """While active, ``engine``'s full-staging and in-memory updates commit validated
+    tensors with ``load_into(model, named_tensors)`` (tensors already on the engine's
+    device) instead of the engine's own commit step; everything around it (validation,
+    requests, post-processing, the address audit, versions) stays the engine's. The hook
+    exercises and graders plug learners' code into (an engine built with
+    ``Engine(..., commit=...)`` takes one for good)."""
+    def commit(model, named_tensors, device):
         load_into(model, [(name, t.to(device)) for name, t in named_tensors])
 
-    update_sources.copy_in_place = copy_in_place
+    original, engine.updater.commit = engine.updater.commit, commit
     try:
         yield
     finally:
-        update_sources.copy_in_place = original
+        engine.updater.commit = original
 
 
 def random_partition(rng, shape, n: int) -> list[tuple]:

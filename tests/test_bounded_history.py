@@ -7,7 +7,7 @@ import torch
 from course_lib import Engine
 from course_lib.engine import engine as engine_module
 from course_lib.engine import pause as pause_module
-from course_lib.engine import transaction as transaction_module
+from course_lib.engine import updater as updater_module
 from course_lib.engine.history import PAUSE_STATS_SIZE, STEP_LOG_SIZE, UPDATE_HISTORY_SIZE, History
 
 
@@ -32,7 +32,7 @@ def test_the_engine_logs_are_rings_of_the_documented_sizes(make_ckpt):
 def test_steps_updates_and_pauses_past_the_sizes_stay_bounded(make_ckpt, monkeypatch):
     """Small sizes, many more steps, updates and pauses: each log holds only the newest."""
     monkeypatch.setattr(engine_module, "STEP_LOG_SIZE", 8)
-    monkeypatch.setattr(transaction_module, "UPDATE_HISTORY_SIZE", 5)
+    monkeypatch.setattr(updater_module, "UPDATE_HISTORY_SIZE", 5)
     monkeypatch.setattr(pause_module, "PAUSE_STATS_SIZE", 6)
     engine = Engine(make_ckpt("tiny", seed=98))
     norm = engine.get_weights_by_name("model.norm.weight")
@@ -43,6 +43,6 @@ def test_steps_updates_and_pauses_past_the_sizes_stay_bounded(make_ckpt, monkeyp
         engine.continue_generation()
     assert len(engine.step_log) == 8 and engine.step_log.total == engine.num_steps == 60
     assert len(engine.update_history) == 5 and engine.update_history.total == 20
-    assert engine.update_history[-1]["weight_version"] == "v19"
+    assert engine.update_history[-1].weight_version == "v19"
     assert len(engine.pause_stats) == 6 and engine.pause_stats.total == 20
     assert torch.equal(engine.get_weights_by_name("model.norm.weight"), norm + 19)

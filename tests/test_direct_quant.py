@@ -11,10 +11,11 @@ import torch
 
 from course_lib import Engine
 from course_lib.engine import update_sources
-from course_lib.exercises import fingerprint, is_reference
-from course_lib.layers import direct_quant, fused_quant, quant
+from course_lib.exercises import is_reference
+from course_lib.layers import fused_quant, quant
+from course_lib.weights import direct_quant
 from course_lib.layers.quant import QuantizedLinearMethod, kernel_tensors, pending_layers, staged_bytes
-from course_lib.models.loader import build_model
+from course_lib.weights.model_loader import build_model
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold, plugged_commit
 from course_lib.weights.checkpoint import CheckpointReader, preset, write_checkpoint
 from course_lib.weights.audit import AddressMovedError
@@ -248,16 +249,13 @@ def test_the_update_audits_what_the_loaders_wrote_and_the_resume_audits_everythi
 
 # ---- the gates: the direct path only stands in for the instructor edition's parts -------------
 
-def test_the_fingerprints_are_the_instructor_editions():
-    """Editing one of these functions (an exercise region, a quant method's quantize) means
-    recording its new fingerprint: the direct path is off until it matches again."""
+def test_every_part_the_direct_path_stands_in_for_is_the_reference_here():
+    """In the instructor edition each of these parts (exercise regions, a quant method's
+    quantize) is the reference, so the direct path may run; a builtin never is."""
     for kind in direct_quant.QUANTIZERS:
         for label, func in direct_quant.reference_parts(kind).items():
-            digest = fingerprint(func)
-            assert digest == direct_quant.REFERENCE_DIGESTS[label], (
-                f"{label} ({func.__qualname__}) changed: if that is meant, set REFERENCE_DIGESTS[{label!r}] in "
-                f"course_lib/layers/direct_quant.py to {digest!r}")
-    assert fingerprint(len) is None and not is_reference(len, "")
+            assert is_reference(func, label if label.startswith("ch") else None), f"{label} ({func.__qualname__})"
+    assert not is_reference(len)
 
 
 def test_the_switch_and_the_engines_that_are_not_its(ckpts, paths, monkeypatch):
@@ -344,7 +342,7 @@ def test_a_plugged_in_commit_step_runs_instead(ckpts, paths):
     def learners_commit(model, named_tensors):
         committed.extend(n for n, _ in named_tensors)
         model.load_weights(named_tensors)
-    with plugged_commit(learners_commit):
+    with plugged_commit(engine, learners_commit):
         engine.update_weights_from_tensor(tensors(b))
     assert not paths.direct and paths.general == 1 and len(committed) == len(tensors(b))
     assert_hot_equals_cold(engine, b, PROMPTS[:1], max_new_tokens=4)

@@ -5,7 +5,9 @@ import torch
 
 from course_lib import Engine
 from course_lib.config import ConfigError, EngineConfig
-from course_lib.engine.transaction import UpdateOptions, receive_even_if_refused
+from course_lib.engine.records import UpdateOptions
+from course_lib.engine.updater import Updater
+from course_lib.engine.update_sources import receive_even_if_refused
 from course_lib.testing import assert_hot_equals_cold, cold_engine_like
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.update import UpdateError
@@ -73,7 +75,7 @@ def test_bad_options_are_refused_naming_the_option(ckpts, options, message):
 def test_update_options_are_one_frozen_default():
     options = UpdateOptions()
     assert (options.weight_version, options.flush_cache, options.abort_all_requests) == (None, True, False)
-    assert options.wait_timeout_s == Engine.update_weights_from_disk.__defaults__[-1]
+    assert options.wait_timeout_s == Updater.update_weights_from_disk.__defaults__[-1]
     with pytest.raises(AttributeError):
         options.flush_cache = False
 

@@ -25,7 +25,7 @@ def cold(path, prompts=PROMPTS, n=N_NEW, **kw):
 
 def run_until_done(engine, outs=None):
     outs = dict(outs or {})
-    while engine.has_unfinished_requests() or engine._pending:
+    while engine.has_unfinished_requests():
         for o in engine.step():
             outs[o["rid"]] = o
     return outs
@@ -62,8 +62,8 @@ def test_abort(ckpts):
     engine.continue_generation()
     assert not engine.has_unfinished_requests()
     stats = engine.pause_stats[-1]
-    assert (stats["aborted_requests"], stats["discarded_tokens"], stats["mixed_requests"]) == (4, 4 * N_BEFORE, 0)
-    assert stats["kv_fresh"] and stats["reprefill_tokens"] == 0
+    assert (stats.aborted_requests, stats.discarded_tokens, stats.mixed_requests) == (4, 4 * N_BEFORE, 0)
+    assert stats.kv_fresh and stats.reprefill_tokens == 0
     assert [o["output_ids"] for o in engine.generate(PROMPTS, greedy())] == cold(b)
 
 
@@ -81,8 +81,8 @@ def test_wait(ckpts):
     assert all(outs[r]["meta_info"]["weight_versions"] == [{"version": "default", "start": 0, "end": N_NEW}]
                for r in rids)
     stats = engine.pause_stats[-1]
-    assert stats["wait_s"] > 0 and stats["mixed_requests"] == 0 and stats["discarded_tokens"] == 0
-    assert stats["kv_fresh"]
+    assert stats.wait_s > 0 and stats.mixed_requests == 0 and stats.discarded_tokens == 0
+    assert stats.kv_fresh
     assert [o["output_ids"] for o in engine.generate(PROMPTS, greedy())] == cold(b)
 
 
@@ -100,7 +100,7 @@ def test_keep(ckpts):
         assert outs[rid]["output_ids"][:N_BEFORE] == ref[:N_BEFORE]
         assert outs[rid]["meta_info"]["weight_versions"] == spans(N_BEFORE)
     stats = engine.pause_stats[-1]
-    assert stats["mixed_requests"] == 4 and not stats["kv_fresh"] and stats["discarded_tokens"] == 0
+    assert stats.mixed_requests == 4 and not stats.kv_fresh and stats.discarded_tokens == 0
     assert [o["output_ids"] for o in engine.generate(PROMPTS, greedy())] == cold(b)
 
 
@@ -124,8 +124,8 @@ def test_retract(ckpts):
         assert outs[rid]["meta_info"]["weight_versions"] == spans(N_BEFORE)
     stats = engine.pause_stats[-1]
     reprefill = sum(len(t) for t in before.values())
-    assert stats["reprefill_tokens"] == reprefill == engine.num_prefill_tokens - prefill_before
-    assert stats["mixed_requests"] == 4 and stats["kv_fresh"] and stats["discarded_tokens"] == 0
+    assert stats.reprefill_tokens == reprefill == engine.num_prefill_tokens - prefill_before
+    assert stats.mixed_requests == 4 and stats.kv_fresh and stats.discarded_tokens == 0
 
 
 def test_update_with_requests_in_flight_needs_pause_or_abort(ckpts):
@@ -137,7 +137,7 @@ def test_update_with_requests_in_flight_needs_pause_or_abort(ckpts):
     assert torch.equal(engine.model.lm_head.weight, weights) and engine.weight_update_count == 0
     engine.update_weights_from_disk(b, abort_all_requests=True)
     assert {o["meta_info"]["finish_reason"]["type"] for o in engine.step()} == {"abort"}
-    assert engine.pause_stats[-1]["discarded_tokens"] == 4 * N_BEFORE
+    assert engine.pause_stats[-1].discarded_tokens == 4 * N_BEFORE
 
 
 def test_pause_mode_names(ckpts):
@@ -216,6 +216,6 @@ def test_wait_mode_returns_each_output_exactly_once(ckpts):
     engine.update_weights_from_disk(b)
     engine.continue_generation()
     seen = []
-    while engine.has_unfinished_requests() or engine._pending:
+    while engine.has_unfinished_requests():
         seen += [o["rid"] for o in engine.step()]
     assert sorted(seen) == sorted(rids)

@@ -213,7 +213,7 @@ def test_the_registered_routes_need_the_api_key(ckpts):
             assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized", route
             wrong = httpx.post(f"{srv.url}{route}", json=body, headers={"Authorization": "Bearer wrong"})
             assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "forbidden", route
-        assert srv.worker.call_sync(lambda e: e._registration[1], timeout=60) is None  # nothing was registered
+        assert srv.worker.call_sync(lambda e: e.updater.transfers.registration.table, timeout=60) is None  # nothing was registered
         with EngineClient(srv.url, api_key=KEY) as client:
             sender.epoch = client.register_weight_buffers(sender.registration())["epoch"]
             for receipt, message in sender.payloads(sent):

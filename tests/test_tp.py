@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.models.loader import load_model
+from course_lib.weights.model_loader import load_model
 from course_lib.engine.pause import EngineBusyError
 from course_lib.engine.tp import TPEngine
 from course_lib.testing import greedy_tokens, prompt_logits

@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
         sender.adopt(sent)
         del sent
         engine.register_weight_buffers(sender.registration(serialized=False), copy_mode="graph")
-        table = engine._registration[1]
+        table = engine.updater.transfers.registration.table
         every = list(range(table.num_buckets))
         nbytes = sum(table.nbytes)
         res["bytes"], res["buckets"] = nbytes, table.num_buckets

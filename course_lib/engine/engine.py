@@ -14,27 +14,34 @@ from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.block_manager import BlockManager
 from course_lib.engine.history import STEP_LOG_SIZE, History
 from course_lib.engine.model_runner import ModelRunner
-from course_lib.engine.pause import EngineBusyError, EnginePausedError, Pausing  # noqa: F401 (importable here)
+from course_lib.engine.pause import EngineBusyError, EnginePausedError, PauseControl  # noqa: F401 (importable here)
 from course_lib.engine.scheduler import Scheduler
 from course_lib.engine.sequence import SamplingParams, Sequence
-from course_lib.engine.transaction import UpdateTransaction
-from course_lib.engine.updates import WeightUpdates
-from course_lib.models.loader import dummy_model, load_model
+from course_lib.engine.updater import Updater, audited_extras
 from course_lib.tokenizer import ByteTokenizer
 from course_lib.weights.audit import AddressAudit
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.copy_plan import CopyPlan
+from course_lib.weights.model_loader import dummy_model, load_model
+from course_lib.weights.transports import remote
+from course_lib.weights.transports.dist import DEFAULT_BUCKET_BYTES
 from course_lib.weights.transports.remote import WaitingForWeightsError
+from course_lib.weights.update import copy_in_place
 
 
-class Engine(Pausing, UpdateTransaction, WeightUpdates):
+class Engine:
     """A hot-updatable inference engine for Qwen3-style checkpoints.
 
     The keyword options are ``EngineConfig``'s fields (see config.py); ``config=`` gives
     them all at once instead (the keyword options are then not read), e.g.
     ``Engine(path, config=other.config)`` for an engine built exactly like ``other``.
-    The update side is mixed in: pausing (pause.py), the transaction (transaction.py)
-    and the ``update_weights_*`` entry points (updates.py).
+
+    Composed of parts, each owning its state: the scheduler and block manager (the
+    requests and their KV), the model runner, ``pause`` (``PauseControl``: pause modes and
+    their cost records) and ``updater`` (``Updater``: every hot update, versions, health,
+    snapshots). SGLang's method names are kept here as one-line delegations; each one's
+    contract is on the part it delegates to. ``commit``: the commit step updates use
+    (``weights/update.py``'s ``copy_in_place``; a grader passes a learner's).
     """
 
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
@@ -42,7 +49,7 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
                  num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
                  quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1, load_format: str = "auto",
-                 config: EngineConfig | None = None):
+                 config: EngineConfig | None = None, commit=copy_in_place):
         t0 = time.perf_counter()
         config = config or EngineConfig(
             device=device, dtype=dtype, block_size=block_size, num_kv_blocks=num_kv_blocks,
@@ -55,7 +62,6 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         # engine refuses requests until real ones arrive (receive_weights_from_remote).
         reader = CheckpointReader(model_path) if config.load_format == "auto" else None
         self.model_config = reader.config if reader else ModelConfig.from_pretrained(model_path)
-        self.waiting_for_weights = reader is None
         self.config = config = config.resolved(self.model_config)
         self.timings: dict[str, float] = {}
         t1 = time.perf_counter()
@@ -69,14 +75,16 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.model_runner = ModelRunner(self.model, self.model_config, config)
         self.timings["kv_and_graphs_s"] = time.perf_counter() - t1
-        # Recorded after graph capture: from here on no kernel-read tensor may move.
-        self.address_audit = AddressAudit.record(self.model, self._audited_extras())
         self.scheduler = Scheduler(config, self.block_manager, self.model_config.eos_token_id)
         self.tokenizer = ByteTokenizer.from_config(self.model_config)
-        self._init_pause_state()
-        self._init_update_state()
-        self._init_transfer_state()
-        self._pending: list[dict] = []      # outputs finished outside step() (aborts); the next step() returns them
+        self.outbox: list[dict] = []        # outputs finished outside step() (aborts, drains); the next step() returns them
+        self.pause = PauseControl(self.scheduler, self.block_manager, self.outbox, self.finish_request, self.step)
+        # Recorded after graph capture: from here on no kernel-read tensor may move.
+        self.address_audit = AddressAudit.record(self.model, audited_extras(self.model_runner))
+        self.updater = Updater(model=self.model, config=config, model_config=self.model_config,
+                               scheduler=self.scheduler, block_manager=self.block_manager, tokenizer=self.tokenizer,
+                               audit=self.address_audit, model_runner=self.model_runner, pause=self.pause,
+                               commit=commit, waiting_for_weights=reader is None)
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
         # Per step: which requests ran, prefill or decode, which version (the newest
         # STEP_LOG_SIZE steps; step_log.total counts them all).
@@ -97,11 +105,11 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         """Queue one request; returns its id. Raises ValueError for a prompt that cannot fit.
         ``return_logprob``: its output carries ``meta_info["output_token_logprobs"]``,
         SGLang's ``(logprob, token_id, None)`` per output token."""
-        self._check_healthy()
-        if self.waiting_for_weights:
+        self.updater.check_healthy()
+        if self.updater.waiting_for_weights:
             raise WaitingForWeightsError("waiting for weights: this engine started with load_format='dummy' "
                                          "and serves nothing until receive_weights_from_remote() loads them")
-        if self.paused:
+        if self.pause.paused:
             raise EnginePausedError("generation is paused for a weight update; retry after continue_generation()")
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt or input_ids")
@@ -142,32 +150,37 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         seq = self.requests.get(rid) if isinstance(rid, str) else None
         if seq is None:
             return False
-        self.scheduler.finish(seq, {"type": reason_type, "message": message})
-        self._pending.append(self._output(seq))
+        self.outbox.append(self.finish_request(seq, {"type": reason_type, "message": message}))
         return True
+
+    def finish_request(self, seq: Sequence, reason: dict) -> dict:
+        """End ``seq`` now with finish reason ``reason`` (its KV blocks freed); returns its
+        output. The caller hands the output on (``outbox``: the next ``step()`` returns it)."""
+        self.scheduler.finish(seq, reason)
+        return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:
         """True while requests are queued or running, or finished outputs (e.g. aborts)
         wait for the next ``step()`` to return them."""
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self.outbox)
 
     def step(self) -> list[dict]:
         """One engine step; returns the outputs of requests that finished in it (and of
         requests aborted since the last step). While paused, only ``wait`` mode runs."""
-        # Emptied in place, not replaced: a caller that writes ``self._pending += self.step()``
-        # (wait mode's drain) then keeps each output once, instead of adding the old list's
-        # outputs to themselves at every step.
-        outputs = list(self._pending)
-        self._pending.clear()
+        # Emptied in place, not replaced: the outbox is shared with the pause control, and a
+        # caller that writes ``outbox += self.step()`` (wait mode's drain) then keeps each
+        # output once, instead of adding the old list's outputs to themselves at every step.
+        outputs = list(self.outbox)
+        self.outbox.clear()
         try:
             return outputs + self._step()
         except BaseException:
-            self._pending[:0] = outputs  # a failed step loses no finished output
+            self.outbox[:0] = outputs  # a failed step loses no finished output
             raise
 
     def _step(self) -> list[dict]:
-        self._check_healthy()
-        if self.paused and self.pause_mode != "wait":
+        self.updater.check_healthy()
+        if self.pause.paused and self.pause.pause_mode != "wait":
             return []
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
@@ -177,7 +190,7 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
                 computed = seq.num_tokens - seq.num_cached_tokens
                 self.num_prefill_tokens += computed
                 if seq.retract_record is not None:  # measured, not predicted: what retract cost
-                    seq.retract_record["reprefill_tokens"] += computed
+                    seq.retract_record.reprefill_tokens += computed
                     seq.retract_record = None
         token_ids = self.model_runner.run(seqs, is_prefill)
         finished = self.scheduler.postprocess(seqs, token_ids, self.weight_version)
@@ -259,6 +272,98 @@ class Engine(Pausing, UpdateTransaction, WeightUpdates):
         bm = self.block_manager
         return {"hit_tokens": bm.hit_tokens, "queried_tokens": bm.queried_tokens,
                 "cached_blocks": len(bm.hash_to_block_id)}
+
+    # ---- state the parts own, read through the engine ------------------------------------
+    paused = property(lambda self: self.pause.paused, doc="Generation is paused for an update.")
+    pause_mode = property(lambda self: self.pause.pause_mode, doc="The current pause's mode (None: not paused).")
+    pause_stats = property(lambda self: self.pause.stats, doc="A PauseRecord per pause, the newest ones.")
+    last_flush_entries = property(lambda self: self.pause.last_flush_entries)
+    weight_version = property(lambda self: self.updater.weight_version, doc="The live weights' version label.")
+    weight_update_count = property(lambda self: self.updater.weight_update_count)
+    update_history = property(lambda self: self.updater.history, doc="An UpdateResult per update, the newest ones.")
+    snapshot = property(lambda self: self.updater.snapshot, doc="The host Snapshot rollback() restores, if any.")
+    unhealthy = property(lambda self: self.updater.unhealthy, doc="Why the engine refuses work (None: healthy).")
+    waiting_for_weights = property(lambda self: self.updater.waiting_for_weights)
+
+    # ---- pausing (engine/pause.py) ---------------------------------------------------------
+    def pause_generation(self, mode: str = "abort") -> dict:
+        return self.pause.pause_generation(mode)
+
+    def continue_generation(self) -> dict:
+        return self.updater.continue_generation()
+
+    def flush_cache(self) -> bool:
+        return self.pause.flush_cache()
+
+    def live_kv_is_fresh(self) -> bool:
+        return self.pause.live_kv_is_fresh(self.updater.weight_update_count)
+
+    # ---- versions, health, audit, snapshots (engine/updater.py) ---------------------------
+    def get_weight_version(self) -> str:
+        return self.updater.weight_version
+
+    def update_weight_version(self, new_version: str) -> dict:
+        return self.updater.update_weight_version(new_version)
+
+    def health(self) -> dict:
+        return self.updater.health()
+
+    def verify_addresses(self) -> None:
+        self.updater.verify_addresses()
+
+    def take_snapshot(self):
+        return self.updater.take_snapshot()
+
+    def rollback(self, flush_cache: bool = True, abort_all_requests: bool = False) -> dict:
+        return self.updater.rollback(flush_cache, abort_all_requests)
+
+    # ---- weight updates by transport (engine/updater.py, engine/update_sources.py) --------
+    def update_weights_from_disk(self, model_path, *args, **kwargs) -> dict:
+        return self.updater.update_weights_from_disk(model_path, *args, **kwargs)
+
+    def update_weights_from_tensor(self, named_tensors, *args, **kwargs) -> dict:
+        return self.updater.update_weights_from_tensor(named_tensors, *args, **kwargs)
+
+    def register_weight_buffers(self, payload, *args, **kwargs) -> dict:
+        return self.updater.register_weight_buffers(payload, *args, **kwargs)
+
+    def unregister_weight_buffers(self) -> dict:
+        return self.updater.unregister_weight_buffers()
+
+    def update_weights_from_registered(self, buckets, epoch: int, *args, **kwargs) -> dict:
+        return self.updater.update_weights_from_registered(buckets, epoch, *args, **kwargs)
+
+    def init_weights_update_group(self, *args, **kwargs) -> dict:
+        return self.updater.transfers.init_group(*args, **kwargs)
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
+        return self.updater.transfers.destroy_group(group_name)
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, *args, **kwargs) -> dict:
+        return self.updater.update_weights_from_distributed(names, dtypes, shapes, *args, **kwargs)
+
+    def update_weights_resharded(self, plan, *args, **kwargs) -> dict:
+        return self.updater.update_weights_resharded(plan, *args, **kwargs)
+
+    def update_weights_sparse(self, payload: dict, *args, **kwargs) -> dict:
+        return self.updater.update_weights_sparse(payload, self.get_weights_by_name, *args, **kwargs)
+
+    def update_weights_from_delta(self, base_dir, delta_path, *args, **kwargs) -> dict:
+        return self.updater.update_weights_from_delta(base_dir, delta_path, *args, **kwargs)
+
+    def receive_weights_from_remote(self, master_address: str, master_port: int, *args, **kwargs) -> dict:
+        return self.updater.receive_weights_from_remote(master_address, master_port, *args, **kwargs)
+
+    def send_weights_to_remote(self, master_address: str, master_port: int, group_name: str = "remote_seed",
+                               backend: str | None = None, bucket_bytes: int | None = None) -> dict:
+        """Seed a new engine: be rank 0 of a two-rank group and broadcast this engine's
+        checkpoint-format weights in buckets (see remote.py). Blocks until the new engine
+        joins and has received everything. Raises ``RemoteSeedError`` if it refuses them
+        (a different structure), or if this engine cannot send exact weights (quantized,
+        a tensor-parallel rank, itself still waiting). Requests in flight keep their
+        state; the weights are only read."""
+        return remote.send(self, master_address, master_port, group_name, backend,
+                           bucket_bytes or DEFAULT_BUCKET_BYTES)
 
 
 def _weight_versions(seq: Sequence) -> list[dict]:

@@ -1,20 +1,28 @@
 """Pausing generation so weights can change between two steps, and what each pause cost.
 
-``Pausing`` is the part of ``Engine`` that stops and resumes serving: the pause modes
-(abort / wait / keep / retract, with their SGLang and vLLM names), the cache flush, the
-refusal of an update while requests run unpaused, and ``wait`` mode's drain. It owns the
-pause state (``paused``, ``pause_mode``) and the cost ledger ``pause_stats``: one record
-per pause, filled in as things happen (measured, never predicted).
+``PauseControl`` stops and resumes serving: the pause modes (abort / wait / keep /
+retract, with their SGLang and vLLM names), the cache flush, the refusal of an update
+while requests run unpaused, and ``wait`` mode's drain. It owns the pause state
+(``paused``, ``pause_mode``) and the cost ledger ``stats``: one ``PauseRecord`` per pause,
+filled in as things happen (measured, never predicted).
+
+It is built with what it acts on and nothing more: the scheduler (the queues), the block
+manager (the prefix cache), the engine's ``outbox`` (outputs finished outside a step,
+which the next ``step()`` returns), ``finish_request`` (end a request now, returning its
+output) and ``step`` (one engine step, for ``wait`` mode's drain). The update side
+(``updater.py``) asks it for the pause record, the drain and the busy refusal; it never
+asks the update side anything.
 """
 from __future__ import annotations
 
 import time
+from typing import Callable
 
-import torch
-
+from course_lib.engine.block_manager import BlockManager
 from course_lib.engine.history import PAUSE_STATS_SIZE, History
-from course_lib.layers.quant import pending_layers
-from course_lib.weights.update import UpdateError
+from course_lib.engine.records import PauseRecord
+from course_lib.engine.scheduler import Scheduler
+from course_lib.engine.sequence import Sequence
 
 # Pause modes and their SGLang / vLLM names.
 PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "keep", "in_place": "keep", "retract": "retract"}
@@ -30,21 +38,21 @@ class EngineBusyError(RuntimeError):
     retryable = False
 
 
-def new_pause_record(mode: str) -> dict:
-    """What one pause cost, filled in as it happens (measured, not predicted)."""
-    return {"mode": mode, "aborted_requests": 0, "discarded_tokens": 0, "retracted_requests": 0,
-            "reprefill_tokens": 0, "wait_s": 0.0, "mixed_requests": 0, "kv_fresh": True,
-            "updates": 0, "resume_ms": 0.0}
+class PauseControl:
+    """Pause, resume, flush and drain; the pause state and its cost ledger."""
 
-
-class Pausing:
-    """Pause, continue, flush and drain (mixed into ``Engine``)."""
-
-    def _init_pause_state(self) -> None:
+    def __init__(self, scheduler: Scheduler, block_manager: BlockManager, outbox: list[dict],
+                 finish_request: Callable[[Sequence, dict], dict], step: Callable[[], list[dict]]):
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+        self.outbox = outbox                  # outputs the next step() returns (shared with the engine)
+        self.finish_request = finish_request  # end a request now (KV freed); returns its output
+        self.step = step                      # one engine step (runs while paused in wait mode)
         self.paused = False
         self.pause_mode: str | None = None
+        self.last_flush_entries = 0
         # One record per pause, what it cost (see pause_generation): the newest PAUSE_STATS_SIZE.
-        self.pause_stats = History(PAUSE_STATS_SIZE)
+        self.stats: History = History(PAUSE_STATS_SIZE)
 
     def pause_generation(self, mode: str = "abort") -> dict:
         """Stop generating so weights can change between two steps. In-flight requests:
@@ -63,34 +71,30 @@ class Pausing:
             if mode != self.pause_mode:
                 raise ValueError(f"already paused in {self.pause_mode!r} mode; continue_generation() first")
             return {"paused": True, "mode": mode, "num_aborted_requests": 0}
-        record = new_pause_record(mode)
-        self.pause_stats.append(record)
-        aborted = self._handle_in_flight(mode, record, "aborted by pause_generation")
+        record = PauseRecord(mode)
+        self.stats.append(record)
+        aborted = self.handle_in_flight(mode, record, "aborted by pause_generation")
         self.paused, self.pause_mode = True, mode
         return {"paused": True, "mode": mode, "num_aborted_requests": aborted}
 
-    def _handle_in_flight(self, mode: str, record: dict, message: str) -> int:
+    def handle_in_flight(self, mode: str, record: PauseRecord, message: str) -> int:
         """What a pause in ``mode`` does, right now, to the requests in flight; returns
-        how many it aborted. ``mode`` is a canonical name (``PAUSE_MODES``' values);
-        ``record`` is this pause's cost record (``new_pause_record``); ``message`` goes
-        into an aborted request's finish reason.
+        how many it aborted. ``mode`` is a canonical name (``PAUSE_MODES``' values),
+        ``record`` this pause's ``PauseRecord``, ``message`` the text an aborted request's
+        finish reason carries.
 
-        - ``abort``: every running request, then every queued one, finishes now:
-          ``self.scheduler.finish(seq, {"type": "abort", "message": message})`` (which
-          frees its KV), and its output ``self._output(seq)`` is appended to
-          ``self._pending`` so that the next ``step()`` returns it. Its generated tokens
-          are thrown away: add ``seq.num_completion_tokens`` to
-          ``record["discarded_tokens"]``, and 1 to ``record["aborted_requests"]`` per
-          request. Returns the number of requests aborted.
-        - ``retract``: every running request goes back to the queue with its KV freed
-          (``self.scheduler.preempt(seq, out_of_memory=False)``), so that the queue then
-          starts with the retracted requests in their running order, ahead of those
-          already queued (which are left alone). Each remembers the pause
-          (``seq.retract_record = record``: the step that prefills it again adds the
-          tokens it computes to ``record["reprefill_tokens"]``) and counts 1 in
-          ``record["retracted_requests"]``. Returns 0.
-        - ``keep`` and ``wait``: nothing happens now (the requests stay where they are,
-          KV and all); returns 0.
+        - ``abort``: every request in flight, running or queued, ends now: its finish
+          reason is ``{"type": "abort", "message": message}``, its KV blocks are free
+          again, and its output comes out of the engine's next ``step()``, exactly once
+          (running requests' outputs first, then queued ones', each in queue order). Its
+          generated tokens count in ``record.discarded_tokens``; each aborted request
+          counts in ``record.aborted_requests``. Returns how many were aborted.
+        - ``retract``: every running request is back in the queue with its KV freed, ahead
+          of the requests already queued (untouched), in its running order. Each counts
+          in ``record.retracted_requests``, and carries the record until the step that
+          prefills it again (``seq.retract_record``), which charges the tokens it
+          recomputes to ``record.reprefill_tokens``. Returns 0.
+        - ``keep`` and ``wait``: nothing changes now; returns 0.
 
         Any other mode raises ``ValueError`` and changes nothing.
         """
@@ -98,10 +102,9 @@ class Pausing:
         if mode == "abort":
             seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
             for seq in seqs:
-                record["discarded_tokens"] += seq.num_completion_tokens
-                self.scheduler.finish(seq, {"type": "abort", "message": message})
-                self._pending.append(self._output(seq))
-            record["aborted_requests"] += len(seqs)
+                record.discarded_tokens += seq.num_completion_tokens
+                self.outbox.append(self.finish_request(seq, {"type": "abort", "message": message}))
+            record.aborted_requests += len(seqs)
             return len(seqs)
         if mode == "retract":
             # preempt puts a request first in line: going from the last running request
@@ -109,47 +112,36 @@ class Pausing:
             for seq in reversed(list(self.scheduler.running)):
                 self.scheduler.preempt(seq, out_of_memory=False)
                 seq.retract_record = record
-                record["retracted_requests"] += 1
+                record.retracted_requests += 1
             return 0
         if mode in ("keep", "wait"):
             return 0
         raise ValueError(f"unknown pause mode {mode!r}; expected abort, wait, keep or retract")
         # END EXERCISE
 
-    def _abort_all(self, message: str, record: dict) -> int:
+    def abort_all(self, message: str, record: PauseRecord) -> int:
         """Abort every running and queued request now (``abort`` mode's part, also used
         by an update made with ``abort_all_requests=True``); returns how many."""
-        return self._handle_in_flight("abort", record, message)
+        return self.handle_in_flight("abort", record, message)
 
-    def continue_generation(self) -> dict:
-        """Resume: frozen and retracted requests go on with the current weights. Refused
-        while a chunked update left a quantized fused layer waiting for shards."""
-        waiting = pending_layers(self.model)
-        if waiting:
-            raise UpdateError(f"cannot resume: {len(waiting)} layers still wait for shards of an update, "
-                              f"e.g. {next(iter(waiting.items()))}; send them first")
-        t0 = time.perf_counter()
-        if self.paused:
-            self.verify_addresses()  # the full audit, once per pause, before serving again
-            self.paused, self.pause_mode = False, None
-            if self.config.is_cuda:
-                self._release_transfer_buffers()
-                torch.cuda.empty_cache()  # return the update's temporaries (as SGLang does)
-            self.pause_stats[-1]["resume_ms"] = 1e3 * (time.perf_counter() - t0)
-        return {"paused": False}
+    def resume(self) -> PauseRecord | None:
+        """Leave the pause (the caller checked the weights first); returns the pause's
+        record, or None when generation was not paused."""
+        if not self.paused:
+            return None
+        self.paused, self.pause_mode = False, None
+        return self.stats[-1]
 
     def flush_cache(self) -> bool:
         """Forget every prefix-cache entry; True when flushed, False when refused.
 
         Refused (returns False, nothing changed) while requests are being served: some
-        request is running or queued (``self.scheduler.running`` / ``.waiting``) and
-        generation is either not paused (``self.paused``) or paused in ``wait`` mode
-        (``self.pause_mode == "wait"``: those requests still run). Otherwise, idle or
-        paused in ``abort``, ``keep`` or ``retract`` mode, it flushes: it sets
-        ``self.last_flush_entries`` to the number of entries ``self.block_manager.flush()``
-        dropped and returns True. Flushing while paused is safe: queued requests hold no
-        cache entries, and dropping entries never touches the KV of a frozen request (the
-        deadlock of SGLang #22620 cannot happen here).
+        request is running or queued, and generation is either not paused or paused in
+        ``wait`` mode (those requests still run). Otherwise (idle, or paused in ``abort``,
+        ``keep`` or ``retract`` mode) every entry is gone, ``self.last_flush_entries``
+        says how many were dropped, and it returns True. Flushing while paused is safe:
+        queued requests hold no cache entries, and dropping entries never touches the KV
+        of a frozen request (the deadlock of SGLang #22620 cannot happen here).
         """
         # BEGIN EXERCISE ch02.flush_rules
         serving = bool(self.scheduler.running or self.scheduler.waiting)
@@ -159,46 +151,46 @@ class Pausing:
         return True
         # END EXERCISE
 
-    def live_kv_is_fresh(self) -> bool:
-        """True when every live KV block was computed by the current weights."""
-        return all(seq.kv_epoch == self.weight_update_count
-                   for seq in self.scheduler.running if seq.block_table)
+    def live_kv_is_fresh(self, weight_update_count: int) -> bool:
+        """True when every live KV block was computed by the current weights (the
+        ``weight_update_count``-th update's)."""
+        return all(seq.kv_epoch == weight_update_count for seq in self.scheduler.running if seq.block_table)
 
-    def _refuse_if_busy(self, abort_all_requests: bool) -> None:
+    def in_flight(self) -> int:
+        """Requests running or queued."""
+        return len(self.scheduler.running) + len(self.scheduler.waiting)
+
+    def refuse_if_busy(self, abort_all_requests: bool) -> None:
         """Raise ``EngineBusyError`` when requests are in flight, generation is not
         paused, and the update was not asked to abort them."""
-        in_flight = len(self.scheduler.running) + len(self.scheduler.waiting)
+        in_flight = self.in_flight()
         if in_flight and not self.paused and not abort_all_requests:
             raise EngineBusyError(f"{in_flight} requests in flight and generation is not paused: "
                                   f"call pause_generation(mode) first, or pass abort_all_requests=True")
 
-    def _pause_record_for_update(self) -> dict:
+    def record_for_update(self) -> PauseRecord:
         """The record an update's costs go to: the current pause's, or a new one for an
         update made without a pause (mode "abort" when it aborts requests, else "none")."""
         if self.paused:
-            return self.pause_stats[-1]
-        in_flight = bool(self.scheduler.running or self.scheduler.waiting)
-        record = new_pause_record("abort" if in_flight else "none")
-        self.pause_stats.append(record)
+            return self.stats[-1]
+        record = PauseRecord("abort" if self.in_flight() else "none")
+        self.stats.append(record)
         return record
 
-    def _drain(self, timeout_s: float, record: dict) -> None:
-        """``wait`` mode, before an update: run the in-flight requests to completion on the
-        old weights. ``timeout_s`` is how long the drain may take in seconds; ``record`` is
-        this pause's cost record (``new_pause_record``).
+    def drain(self, timeout_s: float, record: PauseRecord) -> None:
+        """``wait`` mode, before an update: the requests in flight run to completion on
+        the old weights, then this returns. ``timeout_s``: how long the drain may take,
+        in seconds; ``record``: this pause's ``PauseRecord``.
 
-        While some request is running or queued (``self.scheduler.running`` /
-        ``.waiting``), run one engine step (``self.step()``, which works while paused in
-        ``wait`` mode). Before each step, if more than ``timeout_s`` seconds have passed
-        since the drain began (``time.perf_counter()``), raise ``TimeoutError`` with a
-        message that says the weights were not changed; the update then stops before it
-        writes anything, and the requests still in flight stay where they are.
-
-        ``self.step()`` returns the outputs of the requests that finished in it (and
-        clears ``self._pending``, the outputs waiting for the next step): append every
-        one of them to ``self._pending``, so that the caller's next ``step()`` returns
-        each exactly once. Either way, done or timed out, add the seconds the drain took
-        to ``record["wait_s"]``. Nothing in flight: returns at once (adding ~0 s).
+        Promises:
+        - on return nothing is running or queued, and the output of every request that
+          finished meanwhile comes out of the engine's next ``step()``, each exactly once;
+        - once the drain has taken longer than ``timeout_s``, it stops before starting
+          another step and raises ``TimeoutError`` saying the weights were not changed
+          (the update stops before it writes anything; the requests still in flight stay
+          where they are);
+        - done or timed out, the seconds it took are added to ``record.wait_s``;
+        - nothing in flight: returns at once (adding about 0 s).
         """
         # BEGIN EXERCISE ch02.wait_drain
         t0 = time.perf_counter()
@@ -207,8 +199,8 @@ class Pausing:
                 if time.perf_counter() - t0 > timeout_s:
                     raise TimeoutError(f"in-flight requests did not finish within {timeout_s} s; "
                                        f"the weights were not changed")
-                finished = self.step()  # returns (and clears) what was pending, plus new outputs
-                self._pending += finished
+                finished = self.step()  # returns (and clears) the outbox, plus new outputs
+                self.outbox += finished
         finally:
-            record["wait_s"] += time.perf_counter() - t0
+            record.wait_s += time.perf_counter() - t0
         # END EXERCISE

@@ -8,7 +8,7 @@ from collections import deque
 from course_lib.config import EngineConfig
 from course_lib.engine.block_manager import BlockManager
 from course_lib.engine.sequence import Sequence, SequenceStatus
-from course_lib.exercises import is_unwritten
+from course_lib.exercises import is_written
 
 
 class Scheduler:
@@ -99,15 +99,13 @@ class Scheduler:
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], version: str) -> list[Sequence]:
         """Append each sampled token; finish sequences that hit EOS or a length limit."""
         finished = []
+        # Chapter 02's tags not yet written (student edition): tokens are kept untagged, so
+        # chapters 00 and 01 still generate; outputs then report no version spans. Asked
+        # once per step (a cached lookup), never by catching the stub's error per token.
+        if not is_written(Sequence.tag_token, "ch02.version_tags"):
+            version = None
         for seq, token in zip(seqs, token_ids):
-            try:
-                seq.append_token(token, version)
-            except NotImplementedError as exc:
-                # Chapter 02's tags not yet written: the token is kept (append_token stores it
-                # before its exercise region), its tag and logprob are not, so chapters 00 and
-                # 01 still generate; every output then reports no version spans.
-                if not is_unwritten(exc, "ch02.version_tags"):
-                    raise
+            seq.append_token(token, version)
             if not seq.params.ignore_eos and token == self.eos_token_id:
                 self.finish(seq, {"type": "stop", "matched": token})
             elif seq.num_completion_tokens >= seq.params.max_new_tokens or seq.num_tokens >= self.max_model_len:

@@ -114,19 +114,26 @@ class Sequence:
     def block(self, i: int) -> list[int]:
         return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
-    def append_token(self, token_id: int, version: str) -> None:
-        """Record one generated token: ``token_id`` goes at the end of ``self.token_ids``,
-        and ``version`` (the weight version live in the step that sampled it, which
-        ``Scheduler.postprocess`` passes) at the end of ``self.token_versions``: one tag
-        per output token, in order, each token's own version (an update between two
-        steps changes the tag of every later token, never of an earlier one).
+    def append_token(self, token_id: int, version: str | None) -> None:
+        """Append one generated token and tag it with ``version`` (``tag_token``); None
+        leaves it untagged (the student edition before chapter 02's tags are written:
+        ``Scheduler.postprocess`` then passes None, so no token is ever lost)."""
+        self.token_ids.append(token_id)
+        if version is not None:
+            self.tag_token(version)
 
-        With ``self.return_logprob``: also append ``self.next_logprob`` (the token's
-        logprob, which the sampler left there) to ``self.output_logprobs`` and reset
-        ``self.next_logprob`` to ``None``, so that the two lists stay as long as the
-        output. Without it, ``self.output_logprobs`` stays empty.
+    def tag_token(self, version: str) -> None:
+        """Record the weight version that produced the token just appended (and, with
+        ``self.return_logprob``, its logprob, which the sampler left in
+        ``self.next_logprob``).
+
+        Promises, after every ``append_token``: ``self.token_versions`` holds one tag per
+        output token, in order, each the version live in the step that sampled that
+        token (an update between two steps changes the tag of every later token, never
+        of an earlier one). With ``self.return_logprob``, ``self.output_logprobs`` holds
+        one logprob per output token, in order, and ``self.next_logprob`` is None again
+        once its logprob is kept; without it, ``self.output_logprobs`` stays empty.
         """
-        self.token_ids.append(token_id)  # first, so an unwritten tag (student edition) never loses a token
         # BEGIN EXERCISE ch02.version_tags
         self.token_versions.append(version)
         if self.return_logprob:

@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from course_lib.config import EngineConfig, is_cuda
 from course_lib.engine.engine import Engine
-from course_lib.engine.transaction import WAIT_TIMEOUT_S, receive_even_if_refused
+from course_lib.engine.records import WAIT_TIMEOUT_S, Snapshot
+from course_lib.engine.update_sources import receive_even_if_refused
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.trainer import wait_for_exit
 from course_lib.weights.update import UpdateError
@@ -103,6 +104,8 @@ def check_divisible(config, tp_size: int) -> None:
 
 def _summary(result):
     """What a worker sends back: plain values only (never a snapshot's tensors)."""
+    if isinstance(result, Snapshot):
+        return {"weight_version": result.weight_version}
     if isinstance(result, dict):
         return {k: v for k, v in result.items() if not isinstance(v, (dict, torch.Tensor)) or k == "timings_ms"}
     return result if isinstance(result, (type(None), bool, int, float, str)) else None
@@ -290,7 +293,7 @@ class TPEngine(Engine):
             message = f"{what} failed on rank {rank} ({kind}) but succeeded on rank 0"
         else:
             message = f"{what} failed on rank 0 ({error}) but succeeded on some workers"
-        self.unhealthy = f"{message}: the ranks are no longer in the same state"
+        self.updater.unhealthy = f"{message}: the ranks are no longer in the same state"
         detail = failed[0][1][1] if failed else ""
         raise UpdateError(f"{self.unhealthy}\n{detail}") from error
 
@@ -301,9 +304,9 @@ class TPEngine(Engine):
     def _before_update(self, kwargs: dict) -> None:
         """Rank 0 owns the requests: refuse or drain here, before any rank writes, so no
         worker runs a forward pass with new weights while rank 0 still has old ones."""
-        self._refuse_if_busy(kwargs.get("abort_all_requests", False))
-        if self.paused and self.pause_mode == "wait":
-            self._drain(kwargs.get("wait_timeout_s", WAIT_TIMEOUT_S), self.pause_stats[-1])
+        self.pause.refuse_if_busy(kwargs.get("abort_all_requests", False))
+        if self.pause.paused and self.pause.pause_mode == "wait":
+            self.pause.drain(kwargs.get("wait_timeout_s", WAIT_TIMEOUT_S), self.pause.stats[-1])
 
     def _receive_everywhere(self, name: str, *args, **kwargs):
         """An update whose bytes a sender is already pushing to every rank: even when rank 0

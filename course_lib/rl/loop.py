@@ -178,7 +178,7 @@ class Rollouts:
         while self.in_flight and (n is None or k < n):
             self.done += self.engine.step()
             k += 1
-            if n is None and not self.engine.has_unfinished_requests() and not self.engine._pending:
+            if n is None and not self.engine.has_unfinished_requests():
                 break
 
     def collect(self, result: LoopResult, step: int) -> list[Rollout]:

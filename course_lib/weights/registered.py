@@ -28,7 +28,7 @@ one Triton kernel over a table of chunks (``scatter_copy.py``).
 
 Whose code copies: these copies do the work of chapter 04's commit step
 (``CopyPlan.apply``) their own way, so they run only where that step is the instructor
-edition's (``exercises.is_reference``, the digest below). Where it is a learner's, the
+edition's (``exercises.is_reference``). Where it is a learner's, the
 learner's commit step copies every piece of the message: it is handed a plan whose views
 are the pieces' destinations (each a slice of a weight's bytes or elements) and the
 pieces' source bytes, so a wrong commit step shows in the weights here as on every other
@@ -49,22 +49,14 @@ import os
 
 import torch
 
-from course_lib.exercises import is_reference, is_unwritten
+from course_lib.exercises import is_reference, is_written
 from course_lib.weights import scatter_copy
 from course_lib.weights.bucket import ALIGN
 from course_lib.weights.copy_plan import CopyPlan
 
 COPY_MODES = ("loop", "foreach", "graph", "scatter")
 
-# The fingerprint (exercises.fingerprint) of the instructor edition's ``CopyPlan.apply``.
-# Editing that function means updating this digest: tests/test_registered.py prints it.
-COMMIT_STEP_DIGEST = "67bcc586d2a8ef70831413b1d5459ed1c5395d798773ec704761a61d7ec3f65c"
-
-
-def commit_step_is_reference() -> bool:
-    """True when chapter 04's commit step is the instructor edition's (looked up now, so
-    a learner's edit or a replaced function is seen): then the table's own copies run."""
-    return is_reference(CopyPlan.apply, COMMIT_STEP_DIGEST)
+COMMIT_STEP = "ch04.copy_in_place"  # the exercise these copies stand in for (CopyPlan.apply)
 
 
 class RegistrationError(ValueError):
@@ -366,14 +358,11 @@ class RegisteredTable:
         """Copy these buckets' bytes into the weights (asynchronously on a GPU): as ``mode``
         says where the commit step is the instructor edition's, else by the learner's
         commit step (see the module docstring)."""
-        if not commit_step_is_reference():
-            try:
+        if not is_reference(CopyPlan.apply, COMMIT_STEP):  # looked up now: an edit or a replacement is seen
+            if is_written(CopyPlan.apply, COMMIT_STEP):
                 self.commit_step(buckets)
                 return
-            except NotImplementedError as exc:  # the unwritten stub raises before reading anything
-                if not is_unwritten(exc, "ch04.copy_in_place"):
-                    raise
-                mode = "loop"
+            mode = "loop"  # the student edition's unwritten stub: the part is switched off
         if mode == "scatter":
             buckets = self._scatter(buckets)  # left: buckets with unaligned or converted pieces
         for k in buckets:

@@ -126,8 +126,8 @@ def test_pause_modes_abort_finishes_everything_and_counts_the_waste(ckpts):
     assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs.values()), \
         "finish_reason type 'abort'"
     rec = engine.pause_stats[-1]
-    assert rec["aborted_requests"] == 4, "the record counts 4 aborted requests"
-    assert rec["discarded_tokens"] == sum(made.values()), "the record counts every generated token discarded"
+    assert rec.aborted_requests == 4, "the record counts 4 aborted requests"
+    assert rec.discarded_tokens == sum(made.values()), "the record counts every generated token discarded"
 
 
 @pytest.mark.exercise("ch02.pause_modes")
@@ -140,11 +140,11 @@ def test_pause_modes_retract_sends_running_requests_to_the_head_in_order(ckpts):
     assert [s.rid for s in engine.scheduler.waiting] == rids + [queued], \
         "retracted requests lead the queue, in their running order, ahead of the queued one"
     assert engine.block_manager.used_block_ids == set(), "retracted requests hold no KV"
-    assert engine.pause_stats[-1]["retracted_requests"] == 3, "the record counts 3 retracted requests"
+    assert engine.pause_stats[-1].retracted_requests == 3, "the record counts 3 retracted requests"
     engine.update_weights_from_disk(v2, weight_version="v2")
     engine.continue_generation()
     drain(engine)
-    assert engine.pause_stats[-1]["reprefill_tokens"] == sum(tokens.values()), \
+    assert engine.pause_stats[-1].reprefill_tokens == sum(tokens.values()), \
         "re-prefill of prompt plus generated tokens is counted in the record"
 
 
@@ -158,7 +158,7 @@ def test_pause_modes_keep_and_wait_leave_requests_alone(ckpts, mode):
     assert [s.rid for s in engine.scheduler.running] == rids, f"{mode}: the requests keep running"
     assert {r: engine.requests[r].block_table for r in rids} == tables, f"{mode}: their KV stays"
     rec = engine.pause_stats[-1]
-    assert rec["aborted_requests"] == rec["retracted_requests"] == rec["discarded_tokens"] == 0, \
+    assert rec.aborted_requests == rec.retracted_requests == rec.discarded_tokens == 0, \
         f"{mode}: nothing aborted, retracted or discarded"
 
 
@@ -290,8 +290,8 @@ def test_wait_drain_records_the_wait(ckpts):
     t0 = time.perf_counter()
     engine.update_weights_from_disk(v2, weight_version="v2")
     elapsed = time.perf_counter() - t0
-    wait_s = engine.pause_stats[-1]["wait_s"]
-    assert 0 < wait_s <= elapsed, f"record['wait_s'] holds the drain's seconds (got {wait_s}, the update took {elapsed})"
+    wait_s = engine.pause_stats[-1].wait_s
+    assert 0 < wait_s <= elapsed, f"record.wait_s holds the drain's seconds (got {wait_s}, the update took {elapsed})"
 
 
 @pytest.mark.exercise("ch02.wait_drain")
@@ -306,4 +306,4 @@ def test_wait_drain_times_out_without_changing_the_weights(ckpts):
     assert engine.weight_version == "default" and engine.weight_update_count == 0, \
         "a drain that timed out leaves the weights as they were"
     assert rid in engine.requests and engine.has_unfinished_requests(), "the long request is still in flight"
-    assert engine.pause_stats[-1]["wait_s"] > 0, "the time waited is recorded even when the drain gives up"
+    assert engine.pause_stats[-1].wait_s > 0, "the time waited is recorded even when the drain gives up"

@@ -16,7 +16,7 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import (process_weights_after_loading, quantize_fp8_block, quantize_int8_per_channel,
                                      staged_bytes)
-from course_lib.models.loader import default_dtype
+from course_lib.weights.model_loader import default_dtype
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict

@@ -192,6 +192,6 @@ def test_address_audit__engine_refuses_an_update_that_rebinds(tmp_path):
         p = model.get_parameter("model.norm.weight")
         p.data = p.data.clone()  # right values, new memory
 
-    with plugged_commit(rebinding_commit), pytest.raises(AddressMovedError, match="model.norm.weight"):
+    with plugged_commit(engine, rebinding_commit), pytest.raises(AddressMovedError, match="model.norm.weight"):
         engine.update_weights_from_disk(b, staging="full")
     assert not engine.health()["healthy"], "an engine whose audit failed stops serving"

@@ -51,11 +51,11 @@ def test_step_sync__an_idle_engine_takes_the_weights_and_the_version(start, tmp_
     engine, policy = Engine(start, block_size=8), trained(start, 1)
     out = InProcessSync(engine).sync(policy.named_tensors(), "step-1")
     assert engine.weight_version == "step-1", "the engine serves the new version label after the sync"
-    engine_phases = engine.update_history[-1]["timings_ms"]
+    engine_phases = engine.update_history[-1].timings_ms
     assert set(out["phases_ms"]) == {"pause", *engine_phases, "continue"}, \
         f"phases are pause, the engine's own {sorted(engine_phases)}, continue; got {sorted(out['phases_ms'])}"
-    assert out["bytes"] == engine.update_history[-1]["bytes"] > 0, "bytes is what the engine took"
-    assert not engine.pause_stats or engine.pause_stats[-1]["mode"] == "none", "no pause_mode: no pause"
+    assert out["bytes"] == engine.update_history[-1].bytes > 0, "bytes is what the engine took"
+    assert not engine.pause_stats or engine.pause_stats[-1].mode == "none", "no pause_mode: no pause"
     ckpt = write_checkpoint(tmp_path / "trainer", task.POLICY_CONFIG, policy.checkpoint_tensors())
     assert_hot_equals_cold(engine, ckpt, ["upper:", "lower:"], max_new_tokens=4)
 
@@ -69,7 +69,7 @@ def test_step_sync__rollouts_in_flight_are_paused_then_go_on(start):
     for _ in range(3):
         done += engine.step()
     InProcessSync(engine).sync(policy.named_tensors(), "step-1", pause_mode="keep")
-    assert engine.pause_stats[-1]["mode"] == "keep", "the sync paused the engine in the mode it was given"
+    assert engine.pause_stats[-1].mode == "keep", "the sync paused the engine in the mode it was given"
     assert not engine.paused, "the engine runs again after the sync"
     while engine.has_unfinished_requests():
         done += engine.step()

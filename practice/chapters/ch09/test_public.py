@@ -97,10 +97,10 @@ def test_host_snapshot__copies_every_kernel_tensor_with_the_version(ckpts):
     live = kernel_tensors(engine.model)
     snap = engine.take_snapshot()
     assert snap is engine.snapshot, "take_snapshot sets engine.snapshot and returns it"
-    assert snap["weight_version"] == engine.weight_version, "the snapshot carries the current version label"
-    assert set(snap["tensors"]) == set(live), "one host tensor per kernel tensor, under the same name"
+    assert snap.weight_version == engine.weight_version, "the snapshot carries the current version label"
+    assert set(snap.tensors) == set(live), "one host tensor per kernel tensor, under the same name"
     for name, t in live.items():
-        host = snap["tensors"][name]
+        host = snap.tensors[name]
         assert host.device.type == "cpu" and host.dtype == t.dtype and host.shape == t.shape, name
         assert torch.equal(host, t.cpu()), f"{name}: the snapshot holds the live values"
         assert host.untyped_storage().data_ptr() != t.untyped_storage().data_ptr(), \

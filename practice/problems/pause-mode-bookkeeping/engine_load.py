@@ -44,10 +44,10 @@ def measured_ledger(engine: Engine, mode: str, new_path) -> dict:
     engine.pause_generation(mode)
     engine.update_weights_from_disk(new_path, weight_version="new")
     engine.continue_generation()
-    while engine.has_unfinished_requests() or engine._pending:
+    while engine.has_unfinished_requests():
         engine.step()
     record = engine.pause_stats[-1]
-    return {key: record[key] for key in LEDGER_KEYS}
+    return {key: getattr(record, key) for key in LEDGER_KEYS}
 
 
 def greedy(n: int) -> dict:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.engine.pause import new_pause_record
+from course_lib.engine.records import PauseRecord
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.checkpoint import make_random
 
@@ -215,10 +215,10 @@ def test_abort_discards_and_frees(ckpts, rng):
         assert out is not None, where("the next step returns every aborted request's output")
         assert out["meta_info"]["finish_reason"]["type"] == "abort", where("finish_reason type 'abort'")
     rec = e.pause_stats[-1]
-    assert (rec["aborted_requests"], rec["discarded_tokens"]) == (len(running + queued), discarded), where(
+    assert (rec.aborted_requests, rec.discarded_tokens) == (len(running + queued), discarded), where(
         f"the record must count {len(running + queued)} aborted requests and {discarded} discarded tokens "
-        f"(each request's own count: they all differ), got {rec['aborted_requests']} and {rec['discarded_tokens']}")
-    assert rec["retracted_requests"] == 0, where("abort retracts nothing")
+        f"(each request's own count: they all differ), got {rec.aborted_requests} and {rec.discarded_tokens}")
+    assert rec.retracted_requests == 0, where("abort retracts nothing")
     e.update_weights_from_disk(v2, weight_version="v2")
     e.continue_generation()
     assert_hot_equals_cold(e, v2, ["once more", "abc"], max_new_tokens=4)
@@ -235,13 +235,13 @@ def test_retract_in_order_with_its_bill(ckpts, rng):
         where("retracted requests lead the queue in their running order, ahead of those queued")
     assert e.block_manager.used_block_ids == set(), where("retracted requests hold no KV")
     rec = e.pause_stats[-1]
-    assert rec["retracted_requests"] == len(running), where(f"the record counts {len(running)} retracted requests")
-    assert rec["aborted_requests"] == rec["discarded_tokens"] == 0, where("retract aborts and discards nothing")
+    assert rec.retracted_requests == len(running), where(f"the record counts {len(running)} retracted requests")
+    assert rec.aborted_requests == rec.discarded_tokens == 0, where("retract aborts and discards nothing")
     prefill_before = e.num_prefill_tokens
     e.update_weights_from_disk(v2, weight_version="v2")
     e.continue_generation()
     load.drain()
-    reprefill = e.pause_stats[-1]["reprefill_tokens"]
+    reprefill = e.pause_stats[-1].reprefill_tokens
     # Prefix sharing can only lower it; the prefill counter the engine keeps outside the region bounds it.
     assert 0 < reprefill <= sum(len(tokens[r]) for r in running) and reprefill <= e.num_prefill_tokens - prefill_before, \
         where("the re-prefill of the retracted requests is counted in the record")
@@ -277,7 +277,7 @@ def test_keep_tags_new_tokens_new_on_old_kv(ckpts, rng):
         assert load.outputs[rid]["output_ids"][:done] == tokens[rid][len(load.prompts[i]):], \
             where("keep: the tokens made before the update stay")
     rec = e.pause_stats[-1]
-    assert rec["aborted_requests"] == rec["retracted_requests"] == rec["discarded_tokens"] == 0, \
+    assert rec.aborted_requests == rec.retracted_requests == rec.discarded_tokens == 0, \
         where("keep aborts, retracts and discards nothing")
 
 
@@ -295,7 +295,7 @@ def test_wait_drains_on_the_old_weights(ckpts, rng):
     for rid in running + queued:
         assert [s["version"] for s in load.outputs[rid]["meta_info"]["weight_versions"]] == ["default"], \
             where("wait: every request in flight finishes on the old weights")
-    assert e.pause_stats[-1]["discarded_tokens"] == 0, where("wait discards nothing")
+    assert e.pause_stats[-1].discarded_tokens == 0, where("wait discards nothing")
 
 
 @pytest.mark.exercise("ch02.pause_modes")
@@ -311,7 +311,7 @@ def test_an_empty_engine_and_a_second_pause(ckpts, mode):
     with pytest.raises(ValueError):
         e.pause_generation(other)
     rec = e.pause_stats[-1]
-    assert rec == dict(new_pause_record(mode), wait_s=rec["wait_s"]), where(f"{mode} on an empty engine counts nothing")
+    assert rec == PauseRecord(mode, wait_s=rec.wait_s), where(f"{mode} on an empty engine counts nothing")
     e.update_weights_from_disk(v2, weight_version="v2")
     e.continue_generation()
     assert_hot_equals_cold(e, v2, ["empty"], max_new_tokens=3)
@@ -323,10 +323,10 @@ def test_an_unknown_mode_changes_nothing(ckpts, rng):
     load = Load(rng, v1)
     e = load.engine
     running, queued, _ = load.in_flight()
-    record = new_pause_record("bogus")
+    record = PauseRecord("bogus")
     with pytest.raises(ValueError):
-        e._handle_in_flight("bogus", record, "no such mode")
-    assert record == new_pause_record("bogus"), where("an unknown mode leaves the record untouched")
+        e.pause.handle_in_flight("bogus", record, "no such mode")
+    assert record == PauseRecord("bogus"), where("an unknown mode leaves the record untouched")
     assert ([s.rid for s in e.scheduler.running], [s.rid for s in e.scheduler.waiting]) == (running, queued), \
         where("an unknown mode moves no request")
 
@@ -340,7 +340,7 @@ def test_an_update_that_aborts_uses_the_same_rules(ckpts, rng):
     discarded = sum(len(tokens[r]) - len(load.prompts[load.index[r]]) for r in running + queued)
     e.update_weights_from_disk(v2, weight_version="v2", abort_all_requests=True)
     rec = e.pause_stats[-1]
-    assert (rec["aborted_requests"], rec["discarded_tokens"]) == (len(running + queued), discarded), \
+    assert (rec.aborted_requests, rec.discarded_tokens) == (len(running + queued), discarded), \
         where("abort_all_requests=True aborts and counts as a pause in abort mode does")
     load.collect(e.step())
     assert all(load.outputs[r]["meta_info"]["finish_reason"]["type"] == "abort" for r in running + queued), \
@@ -508,8 +508,8 @@ def test_drain_returns_every_output_once_on_the_old_weights(ckpts, rng):
     e.update_weights_from_disk(v2, weight_version="v2")
     elapsed = time.perf_counter() - t0
     assert not e.scheduler.running and not e.scheduler.waiting, where("the drain ran every request to its end")
-    wait_s = e.pause_stats[-1]["wait_s"]
-    assert 0 < wait_s <= elapsed, where(f"record['wait_s'] holds the drain's seconds: got {wait_s}, "
+    wait_s = e.pause_stats[-1].wait_s
+    assert 0 < wait_s <= elapsed, where(f"record.wait_s holds the drain's seconds: got {wait_s}, "
                                         f"the whole update took {elapsed}")
     e.continue_generation()
     load.drain()
@@ -542,10 +542,10 @@ def test_drain_times_out_then_a_later_update_finishes_it(ckpts, rng):
     assert "not changed" in str(info.value), where("the timeout says the weights were not changed")
     assert e.weight_version == "default" and e.weight_update_count == 0, where("a timed-out drain changes no weights")
     assert load.rids[-1] in e.requests, where("the long request is still in flight after the timeout")
-    wait_s = e.pause_stats[-1]["wait_s"]
+    wait_s = e.pause_stats[-1].wait_s
     assert 0 < wait_s <= elapsed, where(f"the time waited is recorded when the drain gives up too: got {wait_s}")
     e.update_weights_from_disk(v2, weight_version="v2")
-    assert e.pause_stats[-1]["wait_s"] > wait_s, where("the second drain adds its own wait to the record")
+    assert e.pause_stats[-1].wait_s > wait_s, where("the second drain adds its own wait to the record")
     e.continue_generation()
     load.drain()
     load.collect(e.step())

@@ -189,7 +189,7 @@ def test_the_aba_case_rebinding_again_and_again_is_always_seen(tmp_path, rng):
         p = engine.model.get_parameter(name)
         for round_ in range(3):  # a freed address is handed out again within a few rounds
             p.data = torch.randn_like(p)
-            lines = engine.address_audit.violations(engine.model, engine._audited_extras(), only={name})
+            lines = engine.address_audit.violations(engine.model, engine.updater.audited_extras(), only={name})
             assert lines and lines[0].startswith(name), \
                 (f"{seed}: rebind {round_ + 1} of {name} went unseen: its new memory sits at the recorded "
                  f"address, freed and reused (hold each recorded storage)")
@@ -217,7 +217,7 @@ def test_an_update_that_rebinds_once_per_fused_shard_is_caught(tmp_path, rng):
                 fresh[start:start + size] = t
                 p.data = fresh
 
-    with plugged_commit(rebind_each_shard), pytest.raises(AddressMovedError, match="proj"):
+    with plugged_commit(engine, rebind_each_shard), pytest.raises(AddressMovedError, match="proj"):
         engine.update_weights_from_disk(b, staging="full")
 
 
@@ -227,7 +227,7 @@ def test_record_of_a_real_engine(tmp_path, rng):
     (a,) = checkpoints(tmp_path, r, random_config(r), 1)
     engine = Engine(a, max_model_len=64, quantization=r.choice([None, "int8"]))
     rec = engine.address_audit.recorded
-    want = kernel_tensors(engine.model, engine._audited_extras())
+    want = kernel_tensors(engine.model, engine.updater.audited_extras())
     assert set(rec) == set(want), f"{seed}: recorded {sorted(set(rec) ^ set(want))[:4]} differently from what kernels read"
     for name, t in want.items():
         got = rec[name]
@@ -252,7 +252,7 @@ def test_an_injected_rebind_in_an_update_is_named(tmp_path, rng):
         p = model.get_parameter(victim)
         p.data = p.data.clone()  # the right values, in new memory
 
-    with plugged_commit(commit_with_one_rebind), pytest.raises(AddressMovedError) as caught:
+    with plugged_commit(engine, commit_with_one_rebind), pytest.raises(AddressMovedError) as caught:
         engine.update_weights_from_tensor(list(CheckpointReader(b).iter_tensors()))
     assert victim in str(caught.value), f"{seed}: the audit did not name {victim}: {caught.value}"
     assert not engine.health()["healthy"], f"{seed}: the engine still serves after its audit failed"
@@ -267,7 +267,7 @@ def test_many_clean_updates_raise_no_false_alarm(tmp_path, rng):
     engine = Engine(paths[0], max_model_len=64, quantization=quant)
     for p in paths[1:]:
         engine.update_weights_from_disk(p, staging=r.choice(["full", "layer"]))
-    lines = engine.address_audit.violations(engine.model, engine._audited_extras())
+    lines = engine.address_audit.violations(engine.model, engine.updater.audited_extras())
     assert lines == [], f"{seed}: in-place updates (quantization {quant}) moved nothing, yet the audit said {lines[:3]}"
 
 
@@ -282,7 +282,7 @@ def test_same_address_other_shape_or_dtype(tmp_path, rng):
     p.data = p.data[: p.shape[0] // 2]
     q = engine.model.get_parameter(retyped)
     q.data = q.data.view(torch.int32)
-    lines = engine.address_audit.violations(engine.model, engine._audited_extras())
+    lines = engine.address_audit.violations(engine.model, engine.updater.audited_extras())
     assert any(l.startswith(f"{shrunk}: shape") for l in lines), f"{seed}: {shrunk} kept its address, not its shape: {lines}"
     assert any(l.startswith(f"{retyped}: dtype") for l in lines), f"{seed}: {retyped} kept its address, not its dtype: {lines}"
     assert not any(l.startswith(f"{shrunk}: data_ptr") for l in lines), f"{seed}: {shrunk} did not move: {lines}"

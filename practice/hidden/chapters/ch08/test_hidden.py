@@ -64,7 +64,7 @@ def in_flight(engine, r, n=None):
 
 def finish(engine, done):
     for _ in range(200):
-        if not engine.has_unfinished_requests() and not engine._pending:
+        if not engine.has_unfinished_requests():
             break
         done += engine.step()
     return {o["rid"]: o for o in done}
@@ -83,7 +83,7 @@ def test_the_loop_syncs_every_step_in_a_random_pause_mode(tmp_path, rng):
     what = f"{seed}: {mode}, {steps} steps, overlap {overlap}"
     assert not engine.paused, f"{what}: the engine is still paused after the loop"
     assert engine.weight_version == version_label(steps), f"{what}: the engine serves {engine.weight_version!r}"
-    modes = [p["mode"] for p in engine.pause_stats if p["mode"] != "none"]
+    modes = [p.mode for p in engine.pause_stats if p.mode != "none"]
     assert modes == [mode] * (steps - 1), f"{what}: the engine recorded pauses {modes} (the last sync is idle)"
     history = list(engine.update_history)[-steps:]
     for step, (s, h) in enumerate(zip(result.syncs, history)):
@@ -128,7 +128,7 @@ def test_a_failed_update_still_continues_and_changes_nothing(tmp_path, rng, mode
     assert engine.weight_version == "step-0", f"{what}: a failed update changed the label to {engine.weight_version!r}"
     sync.sync(policy.named_tensors(), "step-1", pause_mode=mode)  # the next sync works
     assert not engine.paused and engine.weight_version == "step-1", f"{what}: the sync after it failed"
-    recorded = [p["mode"] for p in engine.pause_stats]
+    recorded = [p.mode for p in engine.pause_stats]
     if mode is None:
         assert set(recorded) <= {"none"}, f"{what}: no pause mode was given, yet the engine recorded pauses {recorded}"
     else:
@@ -174,7 +174,7 @@ def test_the_mode_decides_what_the_rollouts_in_flight_become(tmp_path, rng):
             assert labels == ["old"], f"{seed}: wait: the update waits for requests in flight, got {labels}"
         else:
             assert labels in (["old", "new"], ["old"]), f"{seed}: {mode}: expected old then new tokens, got {labels}"
-    assert engine.pause_stats[-1]["mode"] == mode, f"{seed}: the engine recorded {engine.pause_stats[-1]['mode']}"
+    assert engine.pause_stats[-1].mode == mode, f"{seed}: the engine recorded {engine.pause_stats[-1].mode}"
 
 
 @SYNC

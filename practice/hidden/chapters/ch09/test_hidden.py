@@ -386,5 +386,5 @@ def test_the_snapshot_is_a_copy_of_the_values(tmp_path, rng):
     old, new, engine, state, _ = snapshot_world(tmp_path, r)
     snap = engine.take_snapshot()
     engine.update_weights_from_disk(new, weight_version="v2")
-    followed = [n for n, t in snap["tensors"].items() if not torch.equal(t, state[n])]
+    followed = [n for n, t in snap.tensors.items() if not torch.equal(t, state[n])]
     assert not followed, f"{seed}: {len(followed)} snapshot tensors changed with the update, e.g. {followed[:3]}"

@@ -2,15 +2,14 @@
 if mode == "abort":
     seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
     for seq in seqs:
-        record["discarded_tokens"] += seq.num_completion_tokens
-        self.scheduler.finish(seq, {"type": "abort", "message": message})
-        self._pending.append(self._output(seq))
-    record["aborted_requests"] += len(seqs)
+        record.discarded_tokens += seq.num_completion_tokens
+        self.outbox.append(self.finish_request(seq, {"type": "abort", "message": message}))
+    record.aborted_requests += len(seqs)
     return len(seqs)
 if mode == "retract":
     for seq in reversed(list(self.scheduler.running)):
         self.scheduler.preempt(seq, out_of_memory=False)
-        record["retracted_requests"] += 1
+        record.retracted_requests += 1
     return 0
 if mode in ("keep", "wait"):
     return 0

@@ -2,14 +2,13 @@
 if mode == "abort":
     seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
     for seq in seqs:
-        record["discarded_tokens"] += seq.num_completion_tokens
-        self.scheduler.finish(seq, {"type": "abort", "message": message})
-        self._pending.append(self._output(seq))
-    record["aborted_requests"] += len(seqs)
+        record.discarded_tokens += seq.num_completion_tokens
+        self.outbox.append(self.finish_request(seq, {"type": "abort", "message": message}))
+    record.aborted_requests += len(seqs)
     return len(seqs)
 if mode == "retract":
     for seq in reversed(list(self.scheduler.running)):
         self.scheduler.preempt(seq, out_of_memory=False)
         seq.retract_record = record
-        record["retracted_requests"] += 1
+        record.retracted_requests += 1
 return 0

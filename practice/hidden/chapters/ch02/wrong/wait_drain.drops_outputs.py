@@ -7,4 +7,4 @@ try:
                                f"the weights were not changed")
         self.step()
 finally:
-    record["wait_s"] += time.perf_counter() - t0
+    record.wait_s += time.perf_counter() - t0

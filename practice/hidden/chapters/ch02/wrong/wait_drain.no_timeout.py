@@ -2,5 +2,5 @@
 t0 = time.perf_counter()
 while self.scheduler.running or self.scheduler.waiting:
     finished = self.step()
-    self._pending += finished
-record["wait_s"] += time.perf_counter() - t0
+    self.outbox += finished
+record.wait_s += time.perf_counter() - t0

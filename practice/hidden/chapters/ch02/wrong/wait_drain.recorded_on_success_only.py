@@ -5,5 +5,5 @@ while self.scheduler.running or self.scheduler.waiting:
         raise TimeoutError(f"in-flight requests did not finish within {timeout_s} s; "
                            f"the weights were not changed")
     finished = self.step()
-    self._pending += finished
-record["wait_s"] += time.perf_counter() - t0
+    self.outbox += finished
+record.wait_s += time.perf_counter() - t0

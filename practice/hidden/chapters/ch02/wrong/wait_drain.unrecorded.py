@@ -5,4 +5,4 @@ while self.scheduler.running or self.scheduler.waiting:
         raise TimeoutError(f"in-flight requests did not finish within {timeout_s} s; "
                            f"the weights were not changed")
     finished = self.step()
-    self._pending += finished
+    self.outbox += finished

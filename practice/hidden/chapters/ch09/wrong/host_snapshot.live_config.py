@@ -7,5 +7,5 @@ for name, t in kernel_tensors(self.model).items():
 if pin:
     torch.cuda.synchronize()
 # the live config object: an update changes its runtime fields in place, and so the "snapshot"
-self.snapshot = {"weight_version": self.weight_version, "tensors": tensors, "config": self.model_config}
+self.snapshot = Snapshot(self.weight_version, tensors, self.model_config)
 return self.snapshot

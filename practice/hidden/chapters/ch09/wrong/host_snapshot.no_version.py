@@ -8,6 +8,5 @@ if pin:
     torch.cuda.synchronize()
 runtime = {f: getattr(self.model_config, f) for f in self.model_config.runtime_fields}
 # the label is read when rolling back, not when the snapshot is taken
-self.snapshot = {"weight_version": "default", "tensors": tensors,
-                 "config": replace(self.model_config, **runtime)}
+self.snapshot = Snapshot("default", tensors, replace(self.model_config, **runtime))
 return self.snapshot

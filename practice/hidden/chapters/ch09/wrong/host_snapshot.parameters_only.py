@@ -9,6 +9,5 @@ for name, t in self.model.named_parameters():  # misses buffers: quantization sc
 if pin:
     torch.cuda.synchronize()
 runtime = {f: getattr(self.model_config, f) for f in self.model_config.runtime_fields}
-self.snapshot = {"weight_version": self.weight_version, "tensors": tensors,
-                 "config": replace(self.model_config, **runtime)}
+self.snapshot = Snapshot(self.weight_version, tensors, replace(self.model_config, **runtime))
 return self.snapshot

@@ -27,9 +27,9 @@ if quality is not None:
 if result["reasons"]:
     from course_lib.weights.audit import kernel_tensors
     live = kernel_tensors(engine.model)
-    for name, host in engine.snapshot["tensors"].items():
+    for name, host in engine.snapshot.tensors.items():
         live[name].data = host.clone()
-    result["rollback"] = engine.update_weight_version(engine.snapshot["weight_version"])
+    result["rollback"] = engine.update_weight_version(engine.snapshot.weight_version)
     result["decision"] = "rolled_back"
 else:
     result["decision"] = "promoted"

@@ -17,7 +17,7 @@ Why the bits are the general path's: int8 scales are per row and FP8 scales per 
 so quantizing a shard alone gives exactly the rows the whole fused weight would get,
 as long as no tile mixes two shards. So for FP8 every shard must start on a 128-row
 boundary and end on one (or at the layer's last row). And the quantizer must be the
-reference (its fingerprint, below); the fused kernels run where they agree with it
+reference (``exercises.is_reference``); the fused kernels run where they agree with it
 (``fused_quant.agrees_with``, as the general path decides), else it runs on each shard.
 Unquantized tensors (norms, embedding) are written as the general path writes them,
 NaN included: only ``check_finite`` refuses those.
@@ -26,7 +26,7 @@ When it runs, and otherwise the general path runs (``apply`` returns False):
 - a quantized model on one rank (a tensor-parallel rank's loaders cut each tensor),
   ``COURSE_LIB_DIRECT_QUANT`` not "0" (to compare the two paths);
 - every part whose work it does its own way is the instructor edition's
-  (``exercises.is_reference``; ``why_not`` says which is not): in the student edition
+  (``exercises.is_reference``: the edition's marker; ``why_not`` says which is not): in the student edition
   those are the learner's parts (staging, requantization, loaders, quantizers), and the
   general path runs them, so a wrong part is never hidden behind this one;
 - the update brings every shard of each fused layer it touches (q, k and v; gate and
@@ -47,7 +47,7 @@ from torch import nn
 from course_lib.exercises import is_reference
 from course_lib.layers import fused_quant, quant
 from course_lib.layers.linear import LinearBase
-from course_lib.weights.checkpoint import hf_tensor_shapes
+from course_lib.models.qwen3 import hf_tensor_shapes
 from course_lib.weights.update import UpdateError, copy_in_place
 
 # Per quantization: its quant method, the reference quantizer that method calls (a
@@ -56,23 +56,8 @@ from course_lib.weights.update import UpdateError, copy_in_place
 QUANTIZERS = {"int8": (quant.Int8PerChannel, "quantize_int8_per_channel", "ch03.quantize_int8"),
               "fp8": (quant.Fp8Block, "quantize_fp8_block", "ch03.quantize_fp8")}
 
-# Fingerprints (exercises.fingerprint) of the instructor edition's parts that the direct
-# path does its own way. Editing one of those functions means updating its digest here:
-# tests/test_direct_quant.py prints the new values.
-REFERENCE_DIGESTS = {
-    "ch01.tp_slice": "07e8f6a3768e59f527dab99445dd20bddde5670445366a0713b8b64fbf01bf85",
-    "ch01.local_loader": "044e0223681cbb3792cd697e827cb4891a62a545c94d1311ab3533b114cc8e64",
-    "ch03.stage_shard": "30fa070d4ccf4171a9243af756260defffbb2edcfe2a23f42edd4d8bea6f203d",
-    "ch03.requantize_in_place": "ebce86cb0dcbc433b2e85f908c6d6a74e39f6474ecced778330815848b7f3e2c",
-    "ch03.quantize_int8": "bf27cd07762df28c4b2a846c1d21d09eaf8ba24c0347e5f60595ebed570c7355",
-    "ch03.quantize_fp8": "bb5ca470b0f0b07292c7022d0f09101d29aaadaf93dff6463d9f85fd7b237b1e",
-    "Int8PerChannel.quantize": "bb0d96422e0c70c09a9b8390bde8c73b67ec8728db85c75857a7db24ed72087d",
-    "Fp8Block.quantize": "4ecb7ee0e0977e0ec88b9424d2097b894b09cf697b012025bc58122d36a3042f",
-}
-
-
 def reference_parts(kind: str, layer_type: type = LinearBase) -> dict[str, object]:
-    """{label in REFERENCE_DIGESTS: the function as it is now} for the parts the general
+    """{label: the function as it is now} for the parts the general
     path runs on a layer of ``layer_type`` quantized as ``kind`` ("int8", "fp8") and this
     path does not: the loaders' slice and copy, the staging, the requantization and the
     quantizer (looked up now, so a replaced one is seen)."""
@@ -149,7 +134,7 @@ def why_not(model: nn.Module) -> str | None:
         if vars(method):  # the methods keep no state: anything here replaces a part
             return f"the quant method's {sorted(vars(method))} are replaced on the instance"
         for label, func in reference_parts(kind, layer_type).items():
-            if not is_reference(func, REFERENCE_DIGESTS.get(label, "")):
+            if not is_reference(func, label if label.startswith("ch") else None):
                 return f"{label} is not the instructor edition's: the general path runs it"
     try:  # last: the plan asks the layers' shard_rows (chapter 01's parts)
         plan(model)

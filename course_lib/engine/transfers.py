@@ -1,0 +1,84 @@
+"""What transports keep between updates: weight-update groups, registered buffers, and the
+CUDA IPC buffers a trainer recently handed over.
+
+``Transfers`` holds that state for the ``Updater``; it writes no weight. The groups are
+``torch.distributed`` groups a trainer broadcasts on (``init_weights_update_group``); the
+``Registration`` is a trainer's reusable buffers and layout, validated once
+(``weights/registered.py``); the IPC keep-alive maps the last few received buffers so a
+trainer that reuses its buffers costs one handle opening per buffer, not one per bucket.
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from course_lib.engine.records import Registration
+from course_lib.weights import registered, safe_pickle
+from course_lib.weights.transports import dist as dist_transport
+from course_lib.weights.update import UpdateError
+
+
+class Transfers:
+    """Groups, the registration and the IPC keep-alive of one engine rank."""
+
+    def __init__(self, device: str, tp_rank: int = 0):
+        self.device = device
+        self.tp_rank = tp_rank
+        self.groups: dict = {}                              # name -> (group, store)
+        self.registration = Registration()                  # epoch 0: nothing registered
+        self.ipc_keepalive = collections.deque(maxlen=4)    # recently received CUDA IPC storages
+
+    # ---- CUDA IPC buffers -------------------------------------------------------------------
+    def keep_ipc_buffer(self, tensor: torch.Tensor) -> None:
+        self.ipc_keepalive.append(tensor.untyped_storage())
+
+    def release(self) -> None:
+        """Unmap the trainer's buffers (at resume, on a GPU)."""
+        self.ipc_keepalive.clear()
+
+    # ---- weight-update groups ---------------------------------------------------------------
+    def group(self, group_name: str):
+        if group_name not in self.groups:
+            raise ValueError(f"no weight-update group named {group_name!r}; call init_weights_update_group first")
+        return self.groups[group_name][0]
+
+    def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                   group_name: str = "weight_update_group", backend: str | None = None) -> dict:
+        """Join the trainer's weight-update group as rank ``rank_offset + tp_rank`` (blocks
+        until every rank has joined). ``backend``: "nccl" on GPU, "gloo" on CPU by default."""
+        if group_name in self.groups:
+            raise ValueError(f"weight-update group {group_name!r} already exists; destroy it first")
+        backend = backend or ("nccl" if torch.device(self.device).type == "cuda" else "gloo")
+        rank = rank_offset + self.tp_rank
+        self.groups[group_name] = dist_transport.new_group(master_address, master_port, rank, world_size,
+                                                           group_name, backend)
+        return {"success": True, "message": f"joined {group_name!r} as rank {rank} of {world_size} ({backend})"}
+
+    def destroy_group(self, group_name: str = "weight_update_group") -> dict:
+        if self.groups.pop(group_name, None) is None:
+            raise ValueError(f"no weight-update group named {group_name!r}")
+        return {"success": True, "message": f"destroyed {group_name!r}"}
+
+    # ---- registered buffers -----------------------------------------------------------------
+    def register(self, model, payload, partial: bool = False, copy_mode: str | None = None) -> dict:
+        """Map a trainer's reusable buffers and validate its whole layout once; replaces an
+        earlier registration. Returns the new ``epoch`` (see ``Updater.register_weight_buffers``)."""
+        try:
+            if isinstance(payload, (str, bytes)):
+                payload = safe_pickle.deserialize(payload)
+            table = registered.RegisteredTable.build(model, payload, self.device, partial)
+            mode = registered.copy_mode(self.device, copy_mode)
+            table.prepare(mode)
+        except registered.RegistrationError as exc:
+            raise UpdateError(f"registration refused: {exc}") from exc
+        self.registration = Registration(self.registration.epoch + 1, table, mode)
+        return {"success": True, "epoch": self.registration.epoch, "buckets": table.num_buckets,
+                "tensors": len(table.names), "bytes": sum(table.nbytes), "copy_mode": mode}
+
+    def unregister(self) -> dict:
+        """Forget the registration (unmap the trainer's buffers)."""
+        old = self.registration
+        self.registration = Registration(old.epoch)
+        return {"success": True,
+                "message": "no registration to drop" if old.table is None else f"dropped epoch {old.epoch}"}
