@@ -22,7 +22,7 @@ pytest.importorskip("httpx")
 from course_lib import Engine  # noqa: E402
 from course_lib.engine import engine as engine_module  # noqa: E402
 from course_lib.engine import pause as pause_module  # noqa: E402
-from course_lib.engine import transaction as transaction_module  # noqa: E402
+from course_lib.engine import updater as updater_module  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
 from course_lib.testing import assert_hot_equals_cold  # noqa: E402
@@ -44,7 +44,7 @@ def rss_bytes() -> int:
 @pytest.mark.slow
 def test_soak_memory_is_flat_and_no_token_is_stale(make_ckpt, monkeypatch):
     monkeypatch.setattr(engine_module, "STEP_LOG_SIZE", 64)
-    monkeypatch.setattr(transaction_module, "UPDATE_HISTORY_SIZE", 16)
+    monkeypatch.setattr(updater_module, "UPDATE_HISTORY_SIZE", 16)
     monkeypatch.setattr(pause_module, "PAUSE_STATS_SIZE", 16)
     ckpts = make_ckpt("tiny", seed=71), make_ckpt("tiny", seed=72)
     reference = {}  # (checkpoint, prompt, length) -> the greedy tokens a cold engine generates

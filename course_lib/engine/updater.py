@@ -244,7 +244,7 @@ class Updater:
         raise UpdateError(self.unhealthy) from exc
 
     def refuse_sharded(self, what: str) -> None:
-        if self.config.tp_size > 1:
+        if getattr(self.model, "tp_size", 1) > 1:  # the model's own word: what its weights hold
             raise UpdateError(f"{what} is not supported on a tensor-parallel rank: this rank holds only a "
                               f"shard of each tensor, so it cannot rebuild or send checkpoint tensors")
 

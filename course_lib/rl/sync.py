@@ -129,7 +129,7 @@ class HttpSync:
         history = self.server.worker.call_sync(lambda e: e.update_history.since(seen))
         inside = {}
         for result in history:
-            _add(inside, result["timings_ms"])
+            _add(inside, result.timings_ms)
         # The client's update_s holds the engine's own phases plus HTTP and serialization.
         phases = {"pause": 1e3 * times["pause_s"], "flush_wait": 1e3 * times["flush_wait_s"], **inside,
                   "http_and_serialize": max(0.0, 1e3 * times["update_s"] - sum(inside.values())),

@@ -88,8 +88,8 @@ def test_the_loop_syncs_every_step_in_a_random_pause_mode(tmp_path, rng):
     history = list(engine.update_history)[-steps:]
     for step, (s, h) in enumerate(zip(result.syncs, history)):
         inside = {k: v for k, v in s["phases_ms"].items() if k not in ("pause", "continue", "step", "version")}
-        assert inside == h["timings_ms"], f"{what}: sync {step} reports {inside}, the engine measured {h['timings_ms']}"
-        assert s["bytes"] == h["bytes"], f"{what}: sync {step} reports {s['bytes']} bytes, the engine took {h['bytes']}"
+        assert inside == h.timings_ms, f"{what}: sync {step} reports {inside}, the engine measured {h.timings_ms}"
+        assert s["bytes"] == h.bytes, f"{what}: sync {step} reports {s['bytes']} bytes, the engine took {h.bytes}"
         assert {"pause", "continue"} <= set(s["phases_ms"]), f"{what}: pause and continue are timed"
     for ro in result.rollouts:  # each token names the version the engine served it with
         assert set(ro.versions) <= {version_label(ro.started_at - 1), version_label(ro.started_at)}, \
