@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from course_lib.dtypes import dtype_name
 from course_lib.weights import bucket
 
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -89,7 +90,7 @@ def bucket_plan(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes:
 
 def describe(group) -> dict:
     """The request an engine needs before receiving this bucket (SGLang's field names)."""
-    return {"names": [n for n, _ in group], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in group],
+    return {"names": [n for n, _ in group], "dtypes": [dtype_name(t.dtype) for _, t in group],
             "shapes": [list(t.shape) for _, t in group], "load_format": "flattened_bucket"}
 
 
