@@ -76,16 +76,9 @@ def broadcast_async(group, tensor: torch.Tensor, root: int = 0):
 
 
 def bucket_plan(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """Split tensors into buckets that each fit ``bucket_bytes`` (a larger tensor goes alone)."""
-    plan, group = [], []
-    for name, t in named_tensors:
-        if group and bucket.bucket_nbytes(group + [(name, t)]) > bucket_bytes:
-            plan.append(group)
-            group = []
-        group.append((name, t))
-    if group:
-        plan.append(group)
-    return plan
+    """Split tensors into buckets that each fit ``bucket_bytes`` (a larger tensor goes alone):
+    ``bucket.group_into_buckets``, under the name the broadcaster and remote seeding use."""
+    return list(bucket.group_into_buckets(named_tensors, bucket_bytes))
 
 
 def describe(group) -> dict:
