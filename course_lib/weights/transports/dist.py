@@ -10,7 +10,6 @@ allocate a receive buffer of the right size.
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 from datetime import timedelta
@@ -19,19 +18,21 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from course_lib import settings
 from course_lib.dtypes import dtype_name
 from course_lib.weights import bucket
 
 DEFAULT_BUCKET_BYTES = 64 << 20
-CONNECT_TIMEOUT_S = 30.0  # joining a group: reaching the store and every rank's rendezvous
+# joining a group: reaching the store and every rank's rendezvous (the default of
+# COURSE_LIB_GROUP_CONNECT_TIMEOUT_S, see settings.py)
+CONNECT_TIMEOUT_S = settings.DEFAULT_GROUP_CONNECT_TIMEOUT_S
 
 
 def connect_timeout_s() -> float:
     """How long joining a group may take: COURSE_LIB_GROUP_CONNECT_TIMEOUT_S, else CONNECT_TIMEOUT_S.
     Short on purpose: an engine joins on its serving thread, and a closed port or a trainer
     that never comes must not stall generation for the collective timeout (300 s)."""
-    value = os.environ.get("COURSE_LIB_GROUP_CONNECT_TIMEOUT_S")
-    return float(value) if value else CONNECT_TIMEOUT_S
+    return settings.group_connect_timeout_s()
 
 
 def free_port() -> int:
