@@ -14,6 +14,9 @@ from pathlib import Path
 
 import torch
 
+from course_lib.dtypes import DtypeError, dtype_name, parse_dtype
+
+# The dtypes a checkpoint's torch_dtype may name, and the engine may compute in.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -60,6 +63,8 @@ class ModelConfig:
 
     def __post_init__(self):
         self.validate()
+        # "torch.bfloat16" (or torch.bfloat16) is kept as "bfloat16", the spelling config.json uses
+        self.torch_dtype = dtype_name(self.torch_dtype)
 
     def validate(self) -> None:
         if self.model_type != "qwen3":
@@ -76,8 +81,10 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.torch_dtype not in DTYPES:
-            raise ConfigError(f"torch_dtype {self.torch_dtype!r} is not one of {sorted(DTYPES)}")
+        try:
+            parse_dtype(self.torch_dtype, allowed=DTYPES)
+        except DtypeError:
+            raise ConfigError(f"torch_dtype {self.torch_dtype!r} is not one of {sorted(DTYPES)}") from None
         if self.vocab_size < 258:
             raise ConfigError(f"vocab_size must be at least 258 (256 bytes + BOS + EOS), got {self.vocab_size}")
         for name in ("bos_token_id", "eos_token_id"):
@@ -86,7 +93,7 @@ class ModelConfig:
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.torch_dtype]
+        return parse_dtype(self.torch_dtype)
 
     @property
     def num_parameters(self) -> int:
@@ -161,15 +168,14 @@ def is_cuda(device) -> bool:
 def resolve_dtype(dtype, device, checkpoint_dtype: torch.dtype) -> torch.dtype:
     """None: float32 on CPU (exact, and what the CPU tests compare); on GPU the checkpoint's
     half-precision dtype, or bfloat16 for a float32 checkpoint (as vLLM's 'auto')."""
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
     if dtype is None:
         if not is_cuda(device):
             return torch.float32
         return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ConfigError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    return dtype
+    try:
+        return parse_dtype(dtype, allowed=DTYPES.values())
+    except DtypeError:
+        raise ConfigError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}") from None
 
 
 LOAD_FORMATS = ("auto", "dummy")

@@ -6,13 +6,13 @@ race, and the address printed (or ``BackgroundServer.url``) is the one really li
 """
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
 
 import uvicorn
 
+from course_lib import settings
 from course_lib.server.app import DEFAULT_MAX_BODY_BYTES, create_app
 
 
@@ -35,7 +35,7 @@ def serve(args) -> int:
     from course_lib import Engine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    api_key = args.api_key or os.environ.get("COURSE_LIB_API_KEY") or None
+    api_key = args.api_key or settings.api_key()
     engine = Engine(args.model, device=device)
     app = create_app(engine, allow_weight_update=args.allow_weight_update, api_key=api_key,
                      max_body_bytes=int(args.max_body_mb * (1 << 20)))

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from course_lib.dtypes import DtypeError, parse_dtype
 from course_lib.server.errors import ApiError
 from course_lib.weights.transports import dist as dist_transport
 
@@ -197,9 +198,10 @@ def check_announced_tensors(req: DistributedUpdateRequest) -> None:
                                            f"({len(req.names)}, {len(req.dtypes)}, {len(req.shapes)})")
     total = 0
     for i, (dtype, shape) in enumerate(zip(req.dtypes, req.shapes)):
-        d = getattr(torch, str(dtype).removeprefix("torch."), None)
-        if not isinstance(d, torch.dtype):
-            raise ApiError(400, "bad_request", f"dtypes[{i}]: {dtype!r} is not a torch dtype")
+        try:
+            d = parse_dtype(dtype)
+        except DtypeError:
+            raise ApiError(400, "bad_request", f"dtypes[{i}]: {dtype!r} is not a torch dtype") from None
         if any(n < 0 for n in shape):
             raise ApiError(400, "bad_request", f"shapes[{i}]: {shape} has a negative dimension")
         total += math.prod(shape) * d.itemsize

@@ -16,10 +16,16 @@ unchanged. Two layouts:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
 ALIGN = 16  # bytes; keeps every dtype view aligned
+
+
+def align_up(n: int, to: int = ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``to`` (the next slot's start in a byte layout)."""
+    return -(-n // to) * to
 
 
 @dataclass
@@ -60,6 +66,29 @@ def bucket_nbytes(named_tensors) -> int:
     """Bytes a byte-layout bucket of these tensors needs (with alignment padding)."""
     meta = layout(*_columns(named_tensors))
     return meta[-1].end_idx if meta else 0
+
+
+def group_into_buckets(named_tensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Split (name, tensor) pairs, in order, into consecutive groups whose byte-layout bucket
+    (``bucket_nbytes`` of the group: ``pack``'s layout, alignment padding included) fits
+    ``bucket_bytes``; a tensor larger than that goes alone. A generator: each group is
+    yielded once complete, so a sender streaming its tensors holds one group at a time.
+
+    Linear time: the running end of the layout is all a group's size depends on, so each
+    tensor costs one step (re-measuring the whole group per tensor would be quadratic in
+    the group's length). The arithmetic is ``pack``'s own, written out rather than called,
+    so a plan needs neither memory nor the packer (a test checks the two agree)."""
+    group, end = [], 0
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        start = align_up(end)  # where this tensor would start after the group's last one
+        if group and start + nbytes > bucket_bytes:
+            yield group
+            group, start = [], 0
+        group.append((name, t))
+        end = start + nbytes
+    if group:
+        yield group
 
 
 def _columns(named_tensors):

@@ -27,6 +27,7 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
+from course_lib import settings
 from course_lib.config import ConfigError, ModelConfig
 from course_lib.models.qwen3 import hf_tensor_shapes
 from course_lib.weights.pinned_reader import iter_safetensors_to_gpu
@@ -135,7 +136,7 @@ class CheckpointReader:
         validated it, or changed while it is read, is refused (``CheckpointError``)."""
         wanted = None if names is None else set(names)
         if (self.format == "safetensors" and torch.device(device).type == "cuda"
-                and os.environ.get("COURSE_LIB_PINNED_READER", "1") != "0"):
+                and settings.pinned_reader()):
             for file in self._unique_files():  # the same identity checks as the plain path below
                 yield from iter_safetensors_to_gpu(file, wanted, device, self._identity.get(file))
             return

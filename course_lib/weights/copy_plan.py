@@ -15,12 +15,12 @@ So does ``COURSE_LIB_COPY_PLAN=0`` in the environment, to compare the two paths.
 """
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 import torch
 from torch import nn
 
+from course_lib import settings
 from course_lib.weights.checkpoint import hf_tensor_shapes
 
 
@@ -60,7 +60,7 @@ class CopyPlan:
         loaders must run (quantized layers, tensor-parallel ranks)."""
         if getattr(model, "quantization", None) is not None or getattr(model, "tp_size", 1) != 1:
             return None
-        if os.environ.get("COURSE_LIB_COPY_PLAN") == "0":
+        if not settings.copy_plan():
             return None
         plan = model.__dict__.get("_copy_plan")
         if plan is None:

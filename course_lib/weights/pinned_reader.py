@@ -27,7 +27,7 @@ tensor on the current stream is safe without ``record_stream``.
 
 On a CPU device the same pipeline runs with plain buffers and synchronous copies (how
 the tests exercise the segmenting, the threads and the identity checks without a GPU).
-``COURSE_LIB_READ_THREADS`` and ``COURSE_LIB_READ_CHUNK_MB`` override the defaults.
+``COURSE_LIB_READ_THREADS`` and ``COURSE_LIB_READ_CHUNK_MB`` override the defaults (``settings.py``).
 """
 from __future__ import annotations
 
@@ -39,13 +39,15 @@ from typing import Iterator
 
 import torch
 
+from course_lib import settings
 from course_lib.weights.safetensors_format import (CheckpointError, check_unchanged, open_checked,
                                                    read_safetensors_header, tensor_entries, truncated)
 
-CHUNK_BYTES = int(os.environ.get("COURSE_LIB_READ_CHUNK_MB", "64")) << 20
+# Read once, at import (scripts and tests set these attributes to try other values).
+CHUNK_BYTES = settings.read_chunk_bytes()
 RING_BUFFERS = 4
 # 16 threads read a page-cached file at about 46 GB/s on a 16-core host (8: 30, 1: 6).
-READ_THREADS = int(os.environ.get("COURSE_LIB_READ_THREADS", "0")) or min(16, os.cpu_count() or 1)
+READ_THREADS = settings.read_threads()
 MIN_PART = 1 << 20  # smaller parts cost more in thread hand-offs than they gain
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.multiprocessing.reductions as reductions
 
+from course_lib import settings
 from course_lib.weights.bucket import FlattenedTensorMetadata
 
 
@@ -32,8 +33,9 @@ class UnsafePickleError(ValueError):
     pickle at all."""
 
 
-# The most bytes one storage in a payload may declare (COURSE_LIB_MAX_STORAGE_BYTES overrides).
-MAX_STORAGE_BYTES = int(os.environ.get("COURSE_LIB_MAX_STORAGE_BYTES", 64 << 30))
+# The most bytes one storage in a payload may declare (COURSE_LIB_MAX_STORAGE_BYTES overrides;
+# read once, at import).
+MAX_STORAGE_BYTES = settings.max_storage_bytes()
 DEVICES = ("cpu", "cuda")
 _SHM_HANDLE = re.compile(r"/torch_\d+_\d+_\d+")  # the names torch's file_system strategy gives segments
 

@@ -1,4 +1,5 @@
-"""The safetensors file format, read by hand: the header and the dtype table.
+"""The safetensors file format, read by hand: the header and its dtype codes (the table is
+``dtypes.SAFETENSORS_DTYPES``, with every other dtype name).
 
 A safetensors file is 8 bytes of little-endian header length, a JSON header ({name:
 {"dtype", "shape", "data_offsets"}}, plus an optional ``__metadata__``), then the raw
@@ -22,21 +23,19 @@ from typing import Iterator
 
 import torch
 
+from course_lib.dtypes import SAFETENSORS_DTYPES, DtypeError, parse_safetensors_dtype  # noqa: F401 (re-exported)
+
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be read; the message names the file and the fault."""
 
 
-SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I8": torch.int8,
-                      "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn}
-
-
 def safetensors_dtype(code: str, file) -> torch.dtype:
     """The torch dtype of a header's dtype code; CheckpointError naming ``file`` if unsupported."""
-    if code not in SAFETENSORS_DTYPES:
-        raise CheckpointError(f"{file}: unsupported tensor dtype {code}")
-    return SAFETENSORS_DTYPES[code]
+    try:
+        return parse_safetensors_dtype(code)
+    except DtypeError:
+        raise CheckpointError(f"{file}: unsupported tensor dtype {code}") from None
 
 
 def read_safetensors_header(file: Path) -> tuple[dict, int]:

@@ -10,7 +10,6 @@ allocate a receive buffer of the right size.
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 from datetime import timedelta
@@ -19,18 +18,21 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from course_lib import settings
+from course_lib.dtypes import dtype_name
 from course_lib.weights import bucket
 
 DEFAULT_BUCKET_BYTES = 64 << 20
-CONNECT_TIMEOUT_S = 30.0  # joining a group: reaching the store and every rank's rendezvous
+# joining a group: reaching the store and every rank's rendezvous (the default of
+# COURSE_LIB_GROUP_CONNECT_TIMEOUT_S, see settings.py)
+CONNECT_TIMEOUT_S = settings.DEFAULT_GROUP_CONNECT_TIMEOUT_S
 
 
 def connect_timeout_s() -> float:
     """How long joining a group may take: COURSE_LIB_GROUP_CONNECT_TIMEOUT_S, else CONNECT_TIMEOUT_S.
     Short on purpose: an engine joins on its serving thread, and a closed port or a trainer
     that never comes must not stall generation for the collective timeout (300 s)."""
-    value = os.environ.get("COURSE_LIB_GROUP_CONNECT_TIMEOUT_S")
-    return float(value) if value else CONNECT_TIMEOUT_S
+    return settings.group_connect_timeout_s()
 
 
 def free_port() -> int:
@@ -75,21 +77,14 @@ def broadcast_async(group, tensor: torch.Tensor, root: int = 0):
 
 
 def bucket_plan(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """Split tensors into buckets that each fit ``bucket_bytes`` (a larger tensor goes alone)."""
-    plan, group = [], []
-    for name, t in named_tensors:
-        if group and bucket.bucket_nbytes(group + [(name, t)]) > bucket_bytes:
-            plan.append(group)
-            group = []
-        group.append((name, t))
-    if group:
-        plan.append(group)
-    return plan
+    """Split tensors into buckets that each fit ``bucket_bytes`` (a larger tensor goes alone):
+    ``bucket.group_into_buckets``, under the name the broadcaster and remote seeding use."""
+    return list(bucket.group_into_buckets(named_tensors, bucket_bytes))
 
 
 def describe(group) -> dict:
     """The request an engine needs before receiving this bucket (SGLang's field names)."""
-    return {"names": [n for n, _ in group], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in group],
+    return {"names": [n for n, _ in group], "dtypes": [dtype_name(t.dtype) for _, t in group],
             "shapes": [list(t.shape) for _, t in group], "load_format": "flattened_bucket"}
 
 

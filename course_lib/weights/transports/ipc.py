@@ -12,7 +12,7 @@ sent until ``release`` is called with that bucket's receipt.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -22,21 +22,10 @@ from course_lib.weights import bucket, safe_pickle
 DEFAULT_BUCKET_BYTES = 256 << 20
 
 
-def group_into_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of tensors whose packed bucket fits ``bucket_bytes`` (a larger
-    tensor goes alone). Each tensor counts with its alignment padding, so a group of many
-    small tensors still fits the sender's reused buffers."""
-    group, size = [], 0
-    for name, t in named_tensors:
-        nbytes = -(-t.numel() * t.element_size() // bucket.ALIGN) * bucket.ALIGN
-        if group and size + nbytes > bucket_bytes:
-            yield group
-            group, size = [], 0
-        group.append((name, t))
-        size += nbytes
-    if group:
-        yield group
+# Consecutive groups of tensors whose packed bucket fits ``bucket_bytes`` (a larger tensor
+# goes alone), padding included, so a group still fits the sender's reused buffers. One
+# grouper serves every transport; this name is the one ``BucketSender.payloads`` calls.
+group_into_buckets = bucket.group_into_buckets
 
 
 class BucketSender:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.dtypes import DtypeError, dtype_name, parse_dtype
+
 FIELDS = ("names", "shapes", "dtypes", "indices", "values")
 
 # Integer views with the same width: comparing bits, not values, means a NaN that stays
@@ -64,7 +66,7 @@ def diff(old_tensors, new_tensors) -> dict:
             continue
         payload["names"].append(name)
         payload["shapes"].append(list(b.shape))
-        payload["dtypes"].append(str(b.dtype).removeprefix("torch."))
+        payload["dtypes"].append(dtype_name(b.dtype))
         payload["indices"].append(idx.to(b.device))
         payload["values"].append(b.detach().reshape(-1)[idx.to(b.device)].clone())
     return payload
@@ -79,7 +81,7 @@ def dense_nbytes(payload: dict) -> int:
     """Bytes the touched tensors would take if sent whole."""
     total = 0
     for shape, dtype in zip(payload["shapes"], payload["dtypes"]):
-        total += torch.Size(shape).numel() * getattr(torch, dtype).itemsize
+        total += torch.Size(shape).numel() * parse_dtype(dtype).itemsize
     return total
 
 
@@ -111,9 +113,10 @@ def validate(payload, expected_shapes: dict[str, tuple[int, ...]],
         shape = tuple(int(s) for s in shape)
         if shape != tuple(expected_shapes[name]):
             raise SparsePayloadError(f"{name}: shape {shape}, expected {tuple(expected_shapes[name])}")
-        dt = getattr(torch, str(dtype).removeprefix("torch."), None)
-        if dt not in allowed_dtypes:
-            raise SparsePayloadError(f"{name}: dtype {dtype!r}, expected a floating-point checkpoint dtype")
+        try:
+            dt = parse_dtype(dtype, allowed=allowed_dtypes)
+        except DtypeError:
+            raise SparsePayloadError(f"{name}: dtype {dtype!r}, expected a floating-point checkpoint dtype") from None
         if not (isinstance(idx, torch.Tensor) and idx.dtype == torch.int64 and idx.dim() == 1):
             raise SparsePayloadError(f"{name}: indices must be a 1-D int64 tensor")
         if not (isinstance(values, torch.Tensor) and values.dim() == 1 and values.dtype == dt):
