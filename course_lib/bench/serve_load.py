@@ -51,7 +51,7 @@ def parse(argv):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients, 1 to 64")
     p.add_argument("--duration-s", type=float, default=30.0, help="the phase with updates")
-    p.add_argument("--baseline-s", type=float, default=None, help="the phase without (default: a quarter of "
+    p.add_argument("--baseline-s", type=float, default=None, help="the phase without (default: half of "
                                                                    "--duration-s, 2 to 60 s)")
     p.add_argument("--warmup-s", type=float, default=1.0, help="the same load first, not measured")
     p.add_argument("--update-every-s", type=float, default=3.0)
@@ -67,14 +67,15 @@ def parse(argv):
     if not 1 <= args.clients <= 64:
         p.error("--clients must be 1 to 64")
     if args.baseline_s is None:
-        args.baseline_s = min(60.0, max(2.0, args.duration_s / 4))
+        args.baseline_s = min(60.0, max(2.0, args.duration_s / 2))
     if args.prompt_chars[1] + args.output_tokens[1] >= args.max_model_len:
         p.error("the longest prompt (one token per character) plus the longest output must fit --max-model-len")
     return args
 
 
-def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess | None):
-    """One phase with a progress bar; (records, start, deadline, end)."""
+def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess | None, seed: int | None = None):
+    """One phase with a progress bar; (records, start, deadline, end). Both measured phases
+    send the same seeded requests in the same order (``seed``: another sequence)."""
     bar = tqdm(total=round(seconds), desc=name, unit="s", leave=False)
     t0 = time.monotonic()
 
@@ -88,7 +89,8 @@ def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess 
     if trainer is not None:
         trainer.go(t0, t0 + seconds)
     try:
-        return asyncio.run(run_phase(url, args.clients, seconds, args.max_requests, args.seed, args.prompt_chars,
+        return asyncio.run(run_phase(url, args.clients, seconds, args.max_requests,
+                                     args.seed if seed is None else seed, args.prompt_chars,
                                      args.output_tokens, tick))
     finally:
         bar.close()
@@ -164,7 +166,7 @@ def main(argv=None) -> dict:
             url = server.start()
             served_outputs(url)  # warm up both paths before any clock
             if args.warmup_s > 0:  # the first requests of each shape pay for allocations, not serving
-                run_load("warm-up", url, args, args.warmup_s, None)
+                run_load("warm-up", url, args, args.warmup_s, None, seed=args.seed + 7919)  # not the measured prompts
             trainer = TrainerProcess(url, ckpts, args.device, args.update_every_s, args.max_updates,
                                      max(4096, int(args.bucket_mb * (1 << 20)) // 4096 * 4096))  # aligned
             res["registered_buckets"] = trainer.start()["buckets"]
