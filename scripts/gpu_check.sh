@@ -36,6 +36,14 @@ if [ "${1:-}" = "profile" ]; then
         --what first-token registered inproc-none inproc-int8 inproc-fp8 2>&1 | tee "$out/profile_qwen3-8b.txt" || status=1
     exit $status
 fi
+if [ "${1:-}" = "serve-load" ]; then
+    # Streaming clients through updates at ~1.7B (every transport and pause mode). Needs FastAPI
+    # and uvicorn: run bash scripts/server_wheels.sh on a machine with an index, then here
+    # python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+    python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --update-every-s 2 \
+        --duration-s 240 --json "$out/serve_load_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_load_qwen3-1.7b.log" || status=1
+    exit $status
+fi
 if [ "${1:-}" = "large" ]; then
     python -m course_lib.bench decode --preset qwen3-8b --batch 1 8 --json "$out/decode_qwen3-8b.json" || status=1
     python -m course_lib.bench update --preset qwen3-8b --bucket-mb 1024 --json "$out/update_qwen3-8b.json" 2>&1 | grep -v "it/s]" || status=1

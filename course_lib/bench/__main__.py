@@ -4,7 +4,7 @@ import sys
 
 BENCHMARKS = {"decode": "course_lib.bench.decode", "update": "course_lib.bench.update", "graphs": "course_lib.bench.graphs",
               "hot-vs-cold": "course_lib.bench.hot_vs_cold", "transports": "course_lib.bench.transports",
-              "copy-kernels": "course_lib.bench.copy_kernels"}
+              "copy-kernels": "course_lib.bench.copy_kernels", "serve-load": "course_lib.bench.serve_load"}
 
 
 def main() -> int:

@@ -10,6 +10,8 @@ then update by bucket numbers; ``add_registered_routes``), in the same style as 
 Every request field is checked here or in ``schemas`` (a 400 naming the field) before the
 engine sees it; a /generate whose client disconnects has its requests aborted; NaN and
 infinite floats in responses are spelled "NaN", "Infinity", "-Infinity" (valid JSON).
+``"stream": true`` answers server-sent events (``streaming.py``), once every prompt is
+queued: a refusal (paused, too long) is still a plain error reply with its status.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from course_lib.engine.update_sources import decode_tensor_payload
 from course_lib.engine.sequence import SamplingParams
 from course_lib.server import schemas as s
+from course_lib.server import streaming
 from course_lib.server.errors import ApiError, from_engine_exception, install_handlers
 from course_lib.server.guard import GuardMiddleware
 from course_lib.server.worker import EngineWorker
@@ -78,8 +81,6 @@ def generate_inputs(req: s.GenerateRequest, engine) -> tuple[list, str, list[Sam
     whether it was a batch), every item checked before any is queued (400 naming it)."""
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "bad_request", "give exactly one of text or input_ids")
-    if req.stream:
-        raise ApiError(400, "unsupported", "stream=true is not supported; responses come whole")
     if req.text is not None:
         batched = isinstance(req.text, list)
         items, key, field = (req.text if batched else [req.text]), "prompt", "text"
@@ -128,6 +129,27 @@ async def call_unless_disconnected(worker: EngineWorker, request: Request, fn):
     engine thread takes it up (see ``unless_disconnected``)."""
     return await unless_disconnected(request, asyncio.wrap_future(worker.submit(fn)))
 
+async def stream_generate(worker: EngineWorker, request: Request, items, key, params, flags, batched,
+                          tokenizer) -> streaming.EventStreamResponse:
+    """Queue the prompts as streams, wait until they are queued (a refusal is an ordinary
+    error reply), then answer the event stream; a client gone before the end has whatever
+    still runs aborted."""
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    handle = worker.stream(items, key, params, flags,
+                           sink=lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+    try:
+        await unless_disconnected(request, asyncio.wrap_future(handle.queued))
+    except BaseException:
+        handle.close()
+        raise
+    streams = [streaming.RequestStream(i, tokenizer.decode, flag) for i, flag in enumerate(flags)]
+
+    def on_close() -> None:
+        if not all(s.finished for s in streams):
+            handle.close()
+    return streaming.EventStreamResponse(streaming.events(queue, streams, batched, finite), on_close)
+
+
 def create_app(engine, allow_weight_update: bool = False, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """An app serving ``engine``; the engine thread starts and stops with the app."""
@@ -173,6 +195,8 @@ def add_serving_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
     @app.post("/generate")
     async def generate(req: s.GenerateRequest, request: Request):
         items, key, params, flags, batched = generate_inputs(req, engine)
+        if req.stream:
+            return await stream_generate(worker, request, items, key, params, flags, batched, engine.tokenizer)
         future = asyncio.wrap_future(worker.generate(items, key, params, flags))
         outputs = await unless_disconnected(request, future)
         outputs = [finite({k: v for k, v in out.items() if k != "rid"}) for out in outputs]  # meta_info.id has it

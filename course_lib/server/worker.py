@@ -13,6 +13,12 @@ A step that raises never stops the loop: the requests it ran end with finish_rea
 ``{"type": "error", "message"}`` and everything else keeps being served. A batch is queued
 all or nothing, and a cancelled batch (its client disconnected) is aborted. Single
 requests are ended with ``Engine.abort_request``; their outputs come out of the next step.
+
+Streaming (``stream``): after each pass of the loop (commands, then a step), this thread
+hands each streaming request's new tokens to that request's sink, and its whole output
+once it finishes. The sink (the HTTP handler's, see ``streaming.py``) only schedules a
+call on the event loop, so no other thread ever reads the engine. Only the Engine's
+public ``requests`` (``Sequence.completion_token_ids``, ``token_versions``) are read.
 """
 from __future__ import annotations
 
@@ -41,6 +47,29 @@ class _Batch:
             settle(self.future, result=[self.outputs[r] for r in self.rids])
 
 
+class _Stream:
+    """One streaming request: where it sits in its batch, what its sink has been sent."""
+
+    def __init__(self, index: int, sink: Callable[[tuple], None]):
+        self.index, self.sink, self.sent = index, sink, 0
+
+
+class StreamHandle:
+    """What ``EngineWorker.stream`` returns: ``queued`` resolves with the request ids once
+    they are queued (or with the refusal); ``close()`` aborts whichever still run (the
+    client went away), and is harmless once they have finished."""
+
+    def __init__(self, worker: "EngineWorker"):
+        self.worker, self.rids = worker, []
+        self.queued: concurrent.futures.Future = concurrent.futures.Future()
+
+    def close(self, message: str = "the client went away") -> None:
+        if not self.queued.cancelled():
+            self.queued.cancel()  # not queued yet: it never will be
+        if self.worker.alive:  # runs after the queueing command (commands run in order), so rids is final
+            self.worker.submit(lambda e: self.worker._end_stream(self.rids, message))
+
+
 def settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
     """Resolve ``future`` unless it is already done: its HTTP caller may have gone away and
     cancelled it from another thread, which must never break the engine loop."""
@@ -60,6 +89,7 @@ class EngineWorker:
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: dict[str, _Batch] = {}  # request id -> the batch waiting for it
+        self._streams: dict[str, _Stream] = {}  # request id -> its stream, until its final output
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self.error: str | None = None  # set if the loop itself died (a bug): health reports it
         self.step_errors = 0              # steps that failed and ended their requests (see _contain)
@@ -131,6 +161,35 @@ class EngineWorker:
         done.add_done_callback(abandoned)
         return done
 
+    def stream(self, items: list, key: str, params: list, return_logprob: list | None,
+               sink: Callable[[tuple], None]) -> StreamHandle:
+        """Queue one request per item, all or nothing, and stream them: ``sink`` is called
+        on the engine thread with ``("tokens", index, new)`` for new tokens (a dict: see
+        ``_push_progress``), ``("final", index, output)`` once a request finished, and
+        ``("error", index, ApiError)`` if the engine loop stops serving it. ``sink`` must
+        not block (it hands the event to another thread) and must not touch the engine."""
+        flags = return_logprob or [False] * len(items)
+        handle = StreamHandle(self)
+
+        def add(engine):
+            if not handle.queued.set_running_or_notify_cancel():
+                return  # the client left before the engine thread took the batch up
+            try:
+                for item, p, flag in zip(items, params, flags):
+                    handle.rids.append(engine.add_request(**{key: item}, sampling_params=p, return_logprob=flag))
+            except BaseException as exc:
+                self._end(handle.rids, {"type": "abort", "message": "another request of its batch was refused"})
+                handle.rids.clear()
+                handle.queued.set_exception(self._translate(exc))
+                return
+            for index, rid in enumerate(handle.rids):
+                self._streams[rid] = _Stream(index, sink)
+            handle.queued.set_result(list(handle.rids))
+
+        self.submit(add).add_done_callback(
+            lambda f: settle(handle.queued, error=f.exception()) if not f.cancelled() and f.exception() else None)
+        return handle
+
     async def generate_async(self, items: list, key: str, params: list, return_logprob: list | None = None
                              ) -> list[dict]:
         return await asyncio.wrap_future(self.generate(items, key, params, return_logprob))
@@ -140,6 +199,13 @@ class EngineWorker:
         of the next ``engine.step()`` and are delivered from there. Finished ones are skipped."""
         for rid in rids:
             self.engine.abort_request(rid, reason["message"], reason["type"])
+
+    def _end_stream(self, rids: list[str], message: str) -> None:
+        """Abort a stream's unfinished requests (engine thread); nothing is sent to its
+        sink any more. Their outputs still come out of the next step, to nobody."""
+        for rid in rids:
+            self._streams.pop(rid, None)
+        self._end(rids, {"type": "abort", "message": message})
 
     # ---- the engine thread -------------------------------------------------------------
     def _steppable(self) -> bool:
@@ -164,6 +230,8 @@ class EngineWorker:
                 if any(item is _STOP for item in items):
                     break
                 self._step()
+                if self._streams:
+                    self._push_progress()
         except BaseException as exc:  # a bug in this loop: fail loudly, never hang callers
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("engine loop died")
@@ -216,9 +284,36 @@ class EngineWorker:
 
     def _deliver(self, outputs: list[dict]) -> None:
         for out in outputs:
+            stream = self._streams.pop(out["rid"], None)
+            if stream is not None:
+                self._send(stream, ("final", stream.index, out))
             batch = self._waiting.pop(out["rid"], None)  # None: a duplicate, or nobody waits
             if batch is not None:
                 batch.deliver(out)
+
+    def _push_progress(self) -> None:
+        """Hand each streaming request's tokens made since the last push to its sink: the
+        new ids, each one's weight version and (when asked for) logprob. A request that
+        finished is not here any more: ``_deliver`` sent its whole output."""
+        for rid, stream in self._streams.items():
+            seq = self.engine.requests.get(rid)
+            if seq is None or seq.num_completion_tokens <= stream.sent:
+                continue
+            ids = seq.completion_token_ids[stream.sent:]
+            n = stream.sent + len(ids)
+            versions = list(seq.token_versions[stream.sent:n])
+            versions += [None] * (len(ids) - len(versions))  # a tag not written yet (chapter 02 unsolved)
+            logprobs = seq.output_logprobs[stream.sent:n] if seq.return_logprob else None
+            update = {"ids": ids, "versions": versions, "logprobs": logprobs,
+                      "prompt_tokens": seq.num_prompt_tokens, "rid": rid}
+            stream.sent = n
+            self._send(stream, ("tokens", stream.index, update))
+
+    def _send(self, stream: _Stream, event: tuple) -> None:
+        try:
+            stream.sink(event)
+        except Exception:  # noqa: BLE001 - a closed event loop (server stopping) must not stop this one
+            log.debug("stream sink refused an event", exc_info=True)
 
     def _contain(self, exc: Exception, before: set[str]) -> list[dict]:
         """A step failed (say NaN logits from NaN weights): end the requests it was running
@@ -240,3 +335,6 @@ class EngineWorker:
         for batch in set(self._waiting.values()):
             settle(batch.future, error=error)
         self._waiting.clear()
+        for stream in self._streams.values():
+            self._send(stream, ("error", stream.index, error))
+        self._streams.clear()

@@ -1,0 +1,82 @@
+"""The serve-load benchmark: a few seconds of real load (a server process, streaming clients,
+a trainer process updating the weights) holds its invariants; and its counters count:
+fabricated records with stale tokens, or a stall, are caught."""
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from course_lib.bench import load_metrics as m  # noqa: E402
+from course_lib.bench import serve_load  # noqa: E402
+from course_lib.bench.load_clients import RequestRecord  # noqa: E402
+from course_lib.bench.load_processes import TRANSPORTS  # noqa: E402
+
+
+def record(sent: float, spans: list[tuple[str, int]], rid: str = "r") -> RequestRecord:
+    """A finished request sent at ``sent`` whose tokens came in runs (version, count)."""
+    rec = RequestRecord(client=0, first_sent=sent, sent=sent, rid=rid, outcome="completed")
+    start = 0
+    for version, n in spans:
+        rec.spans.append({"version": version, "start": start, "end": start + n})
+        start += n
+    rec.tokens = start
+    rec.events = [(sent + 0.01 * (i + 1), i + 1) for i in range(start)]
+    return rec
+
+
+# Two updates: u1 live (continue replied) at t=10, u2 at t=20.
+UPDATES = [{"version": "u1", "t_pause_sent": 9.0, "t_done": 10.0}, {"version": "u2", "t_pause_sent": 19.0,
+                                                                    "t_done": 20.0}]
+
+
+def test_tokens_of_requests_sent_after_an_update_must_carry_it():
+    fresh = [record(5.0, [("default", 3), ("u1", 2)]),   # in flight across u1 (keep / retract): fine
+             record(10.5, [("u1", 4)]),                    # sent once u1 was live: fine
+             record(19.5, [("u1", 2), ("u2", 2)]),         # sent while u2 was under way: fine
+             record(25.0, [("u2", 3)])]
+    assert m.count_stale(fresh, UPDATES, "default")["stale"] == 0
+    stale = m.count_stale(fresh + [record(10.5, [("default", 2), ("u1", 1)], rid="old")], UPDATES, "default")
+    assert stale["stale"] == 2 and stale["checked"] == 16 + 3
+    assert stale["examples"][0] == {"request": "old", "token": 0, "version": "default", "live_when_sent": 1,
+                                    "earlier_token_version": 0}
+    # Sent after u2 was live, yet made by u1: stale, even though u1 is newer than the start.
+    assert m.count_stale([record(21.0, [("u1", 1), ("u2", 1)])], UPDATES, "default")["stale"] == 1
+
+
+def test_a_version_going_back_within_a_request_is_stale():
+    rec = record(5.0, [("default", 2), ("u1", 2), ("default", 1), ("u2", 1)])
+    assert m.count_stale([rec], UPDATES, "default")["stale"] == 1
+    assert m.count_stale([record(5.0, [("nobody-made-this", 2)])], UPDATES, "default")["unknown"] == 2
+
+
+def test_stall_is_the_longest_merged_gap_overlapping_the_window():
+    times = [0.0, 0.1, 0.2, 1.5, 1.6, 3.0, 3.1]
+    assert m.stall(times, 1.0, 1.2) == pytest.approx(1.3)   # the gap 0.2 -> 1.5 holds the window
+    assert m.stall(times, 1.55, 2.0) == pytest.approx(1.4)  # 1.6 -> 3.0
+    assert m.stall(times, 0.05, 1.55) == pytest.approx(1.3)
+    assert m.stall(times, 3.2, 4.0) is None                 # nothing arrived after it
+    assert m.percentile([1, 2, 3, 4], 50) == 2.5 and m.percentile([], 50) is None
+
+
+def test_throughput_counts_completed_tokens_that_arrived_within_the_phase():
+    done = record(0.0, [("default", 10)])             # events at 0.01 .. 0.10
+    aborted = record(0.0, [("default", 10)], rid="a")
+    aborted.outcome = "aborted_by_pause"
+    assert m.throughput([done, aborted], 0.0, 0.05) == pytest.approx(5 / 0.05)
+
+
+def test_a_few_seconds_of_load_through_updates_hold(capsys):
+    """4 clients, 3 updates (one per transport; pause modes abort, wait, keep)."""
+    res = serve_load.main(["--preset", "tiny", "--clients", "4", "--duration-s", "3.5", "--baseline-s", "1.5",
+                           "--update-every-s", "1.0", "--bucket-mb", "0.1", "--output-tokens", "8", "40",
+                           "--prompt-chars", "8", "80"])
+    print(capsys.readouterr().out)
+    assert res["errors"] == 0, (res["baseline"]["error_examples"], res["with_updates"]["error_examples"],
+                                [u["error"] for u in res["updates"]], res["trainer_failure"])
+    assert res["stale_tokens"] == 0 and res["tokens_checked"] > 100, res["stale_examples"]
+    assert res["hot_equals_cold"] is True and res["served_version"] == "u3"
+    assert [u["transport"] for u in res["updates"]] == list(TRANSPORTS)
+    assert [u["mode"] for u in res["updates"]] == ["abort", "wait", "keep"]
+    assert all(u["error"] is None and u["own_ms"] > 0 and u["messages"] >= 1 for u in res["updates"])
+    assert res["with_updates"]["completed"] > 0 and res["baseline"]["completed"] > 0
+    assert res["throughput_ratio"] > 0
