@@ -110,6 +110,7 @@ def stub_library(dest: Path, repo: Path = REPO) -> int:
         if found:
             path.write_text(regions.replace_bodies(text, stubs, path), encoding="utf-8")
             count += len(found)
+    regions.mark_edition(dest, student=True)  # every region is a learner's now: no fast path stands in for one
     return count
 
 

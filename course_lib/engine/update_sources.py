@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from course_lib.dtypes import DtypeError, parse_dtype, parse_dtypes
 from course_lib.engine.records import AUDIT_ALL, AUDIT_NONE, Applied, Audit, Snapshot
 from course_lib.layers.quant import QuantizedLinearMethod, discard_staged_weights, process_weights_after_loading
 from course_lib.models.qwen3 import hf_tensor_shapes
@@ -103,17 +104,6 @@ def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) ->
             raise UpdateError("every entry must be a (name, tensor) pair")
         pairs.append((item[0], item[1]))
     return pairs
-
-
-def parse_dtypes(dtypes) -> list[torch.dtype]:
-    """torch dtypes from names ("bfloat16", "torch.float32") or dtypes; UpdateError if unknown."""
-    try:
-        parsed = [getattr(torch, str(d).removeprefix("torch.")) for d in dtypes]
-    except AttributeError:
-        parsed = [None]
-    if not all(isinstance(d, torch.dtype) for d in parsed):
-        raise UpdateError(f"unknown dtype in {dtypes}")
-    return parsed
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -279,7 +269,10 @@ class BroadcastSource(UpdateSource):
     def validate(self, updater: "Updater") -> ValidatedUpdate:
         group = updater.transfers.group(self.group_name)
         timer = PhaseTimer()
-        dtypes = parse_dtypes(self.dtypes)
+        try:
+            dtypes = parse_dtypes(self.dtypes)
+        except DtypeError as exc:
+            raise UpdateError(f"unknown dtype in {self.dtypes}: {exc}") from None
 
         def check() -> int:
             if self.refuse_with is not None:
@@ -411,7 +404,7 @@ class RemoteSource(UpdateSource):
         if problem:
             raise UpdateError(f"remote seeding refused: {problem}")
         self.buckets, self.source_version = manifest["buckets"], manifest["weight_version"]
-        nbytes = sum(torch.Size(s).numel() * getattr(torch, d).itemsize
+        nbytes = sum(torch.Size(s).numel() * parse_dtype(d).itemsize
                      for b in self.buckets for d, s in zip(b["dtypes"], b["shapes"]))
         timer.lap("handshake")
         message = (f"seeded {sum(len(b['names']) for b in self.buckets)} tensors from "

@@ -38,12 +38,12 @@ step (``copy_in_place``: the loaders), after the check.
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from course_lib import settings
 from course_lib.exercises import is_reference
 from course_lib.layers import fused_quant, quant
 from course_lib.layers.linear import LinearBase
@@ -117,7 +117,7 @@ def plan(model: nn.Module) -> Plan:
 
 def why_not(model: nn.Module) -> str | None:
     """None when the direct path may take this model's updates; else why it may not."""
-    if os.environ.get("COURSE_LIB_DIRECT_QUANT") == "0":
+    if not settings.direct_quant():
         return "COURSE_LIB_DIRECT_QUANT=0"
     kind = getattr(model, "quantization", None)
     if kind is None:

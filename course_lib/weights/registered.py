@@ -45,13 +45,14 @@ destination storages (like the address audit), so an old address is never reused
 from __future__ import annotations
 
 import operator
-import os
 
 import torch
 
 from course_lib.exercises import is_reference, is_written
 from course_lib.weights import scatter_copy
-from course_lib.weights.bucket import ALIGN
+from course_lib import settings
+from course_lib.dtypes import DtypeError, dtype_name, parse_dtype
+from course_lib.weights.bucket import ALIGN, align_up
 from course_lib.weights.copy_plan import CopyPlan
 
 COPY_MODES = ("loop", "foreach", "graph", "scatter")
@@ -82,7 +83,7 @@ def stream_layout(metas, bucket_bytes: int, num_buffers: int | None = 2) -> dict
         raise RegistrationError(f"bucket_bytes must be a positive multiple of {ALIGN}, got {bucket_bytes}")
     tensors, pos = [], 0
     for name, dtype, shape in metas:
-        pos = -(-pos // ALIGN) * ALIGN
+        pos = align_up(pos)
         n, pieces = _nbytes(dtype, shape), []
         start, end = pos, pos + _nbytes(dtype, shape)
         while start < end:
@@ -90,7 +91,7 @@ def stream_layout(metas, bucket_bytes: int, num_buffers: int | None = 2) -> dict
             take = min(end - start, bucket_bytes - off)
             pieces.append([k, off, take])
             start += take
-        tensors.append([name, str(dtype).removeprefix("torch."), [int(s) for s in shape], pieces])
+        tensors.append([name, dtype_name(dtype), [int(s) for s in shape], pieces])
         pos += n
     num_buckets = -(-pos // bucket_bytes)
     sizes = [min(bucket_bytes, pos - k * bucket_bytes) for k in range(num_buckets)]
@@ -111,10 +112,12 @@ def _ints(value, what: str, count: int) -> list[int]:
 
 
 def _dtype(name, what: str) -> torch.dtype:
-    dtype = getattr(torch, str(name), None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
+    if not isinstance(name, str):
         raise RegistrationError(f"{what}: unknown dtype {name!r}")
-    return dtype
+    try:
+        return parse_dtype(name)
+    except DtypeError:
+        raise RegistrationError(f"{what}: unknown dtype {name!r}") from None
 
 
 class _Destination:
@@ -423,7 +426,7 @@ def copy_mode(device, asked: str | None = None) -> str:
     for on the CPU is a loop: there is nothing to capture). Measured on an H200, engine
     side, every bucket in one call (results/h200-2026-12-01d/): scatter 91%, loop 83%,
     graph 77%, foreach 44% of a device copy at ~8B; 82%, 60%, 65%, 43% at ~1.7B."""
-    mode = asked or os.environ.get("COURSE_LIB_REGISTERED_COPY")
+    mode = asked or settings.registered_copy()
     if mode is None:
         if torch.device(device).type != "cuda":
             return "loop"

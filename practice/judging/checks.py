@@ -30,6 +30,7 @@ def variant_root(repo: Path, exercise_id: str, body: str) -> Path:
     target = tmp / region.path.relative_to(repo)
     target.write_text(regions.replace_bodies(target.read_text(encoding="utf-8"), {exercise_id: body}, target),
                       encoding="utf-8")
+    regions.mark_edition(tmp, replaced=[exercise_id])  # no fast path may stand in for the swapped part
     return tmp
 
 

@@ -150,3 +150,29 @@ def dedent_body(region: Region) -> str:
                               f"its BEGIN marker: {line.strip()!r}")
         out.append(line[len(region.indent):] if line.strip() else "")
     return "\n".join(out) + "\n"
+
+
+EDITION_FILE = Path("course_lib") / "edition.py"  # the marker the engine's fast paths read
+
+
+def mark_edition(root: Path, *, student: bool = False, replaced=()) -> None:
+    """Say in ``root``'s ``course_lib/edition.py`` what its regions hold: the student
+    edition's (``student``: learners' code or stubs), or the instructor edition's except
+    the regions in ``replaced`` (a maintainer's copy with those bodies swapped). The
+    engine's fast paths stand in for a part only where it is the reference, so a tree
+    whose regions were changed must say so here."""
+    path = Path(root) / EDITION_FILE
+    text = path.read_text(encoding="utf-8")
+    edition = f'EDITION = "{"student" if student else "instructor"}"'
+    before = set(re.findall(r"\"(ch\d\d\.[a-z0-9_]+)\"", text.split("REPLACED", 1)[1])) if "REPLACED" in text else set()
+    ids = ", ".join(f'"{i}"' for i in sorted(before | set(replaced)))
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("EDITION ="):
+            line = edition
+        elif line.startswith("REPLACED"):
+            line = f"REPLACED: frozenset[str] = frozenset({{{ids}}})" if ids else "REPLACED: frozenset[str] = frozenset()"
+        lines.append(line)
+    if edition not in lines or not any(line.startswith("REPLACED") for line in lines):
+        raise RegionError(f"{path}: expected the lines 'EDITION = ...' and 'REPLACED: ...'")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
