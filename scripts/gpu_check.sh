@@ -9,6 +9,7 @@
 #                                      (each "large" call stays under ten minutes)
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
+#   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s at ~1.7B (FastAPI wheels: scripts/server_wheels.sh)
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
 from course_lib.bench.update import median_time, sync
+from course_lib.dtypes import parse_dtypes
 from course_lib.weights import bucket
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
 from course_lib.weights.transports import dist as dist_transport
@@ -100,7 +101,7 @@ def broadcast_update(engine: Engine, path, bucket_bytes: int) -> dict:
         result = engine.update_weights_from_distributed(**request, group_name="bench", flush_cache=False)
         engine_s += time.perf_counter() - t
         nbytes += result["bytes"]
-        dtypes = [getattr(torch, str(d).removeprefix("torch.")) for d in request["dtypes"]]
+        dtypes = parse_dtypes(request["dtypes"])
         sizes.append(bucket.layout(request["names"], dtypes, request["shapes"])[-1].end_idx)
         request = announcements.get(timeout=120)
     total = time.perf_counter() - t0

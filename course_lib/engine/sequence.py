@@ -86,7 +86,7 @@ class Sequence:
         self.next_logprob: float | None = None
         self.finish_reason: dict | None = None
         self.kv_epoch = 0               # weight-update count when this request's KV was computed
-        self.retract_record: dict | None = None  # the pause that retracted it, until re-prefilled
+        self.retract_record = None  # the PauseRecord of the pause that retracted it, until re-prefilled
         self.arrival_time = time.perf_counter()
         self.generator = None
         if params.temperature > 1e-5:

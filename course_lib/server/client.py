@@ -19,6 +19,7 @@ import time
 
 import httpx
 
+from course_lib.dtypes import dtype_name
 from course_lib.weights import bucket, safe_pickle
 from course_lib.weights.transports.ipc import DEFAULT_BUCKET_BYTES, BucketSender
 
@@ -126,7 +127,7 @@ class EngineClient:
                                         flush_cache: bool = True, weight_version=None,
                                         load_format: str | None = None, abort_all_requests: bool = False) -> dict:
         return self.request("POST", "/update_weights_from_distributed", json={
-            "names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+            "names": list(names), "dtypes": [dtype_name(d) for d in dtypes],
             "shapes": [list(x) for x in shapes], "group_name": group_name, "flush_cache": flush_cache,
             "weight_version": weight_version, "load_format": load_format, "abort_all_requests": abort_all_requests})
 

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from course_lib.config import ModelConfig
+from course_lib.dtypes import dtype_name, parse_dtype
 from course_lib.models.qwen3 import hf_tensor_shapes
 
 PRESETS: dict[str, ModelConfig] = {
@@ -114,6 +115,6 @@ def make_random(path, config: ModelConfig | str = "tiny", seed: int = 0, dtype=N
     """
     config = preset(config) if isinstance(config, str) else config
     if dtype is not None:
-        config = replace(config, torch_dtype=str(dtype).removeprefix("torch."))
+        config = replace(config, torch_dtype=dtype_name(parse_dtype(dtype)))
     tensors = random_state_dict(config, seed, config.dtype, device)
     return write_checkpoint(path, config, tensors, max_shard_size)
