@@ -71,10 +71,10 @@ def failures(case) -> list[str]:
             bad.append(f"{where}: token versions should be {compress(want)}, got {compress(versions)}")
     if not bad and [o["meta_info"]["completion_tokens"] for o in outs] != lengths:
         bad.append(f"{mode}: the outputs must come back in prompt order")
-    record = engine.pause_stats[-1] if engine.pause_stats else {}
-    if record.get("mode") != mode:
+    recorded = engine.pause_stats[-1].mode if engine.pause_stats else None
+    if recorded != mode:
         bad.append(f"{mode}: the engine's last pause record should say mode {mode!r}, it says "
-                   f"{record.get('mode')!r} (pause with engine.pause_generation(mode) before the update)")
+                   f"{recorded!r} (pause with engine.pause_generation(mode) before the update)")
     if engine.paused:
         bad.append(f"{mode}: the engine is still paused at the end (continue_generation)")
     if engine.weight_version != version:
