@@ -33,6 +33,7 @@ from course_lib import edition
 
 _PACKAGE = Path(__file__).resolve().parent
 _WRITTEN: dict[tuple[int, str], tuple[object, bool]] = {}  # (id(code), exercise) -> (code kept alive, answer)
+_INSIDE: dict[int, tuple[object, bool]] = {}                # id(code) -> (code kept alive, answer)
 
 
 def _code(func):
@@ -57,6 +58,18 @@ def is_written(func, exercise_id: str) -> bool:
     return _WRITTEN[key][1]
 
 
+def _in_package(code) -> bool:
+    """Whether ``code`` was compiled from this package's files (asked once per code object:
+    resolving the path touches the file system, and the registered path asks per update)."""
+    if id(code) not in _INSIDE:
+        try:
+            inside = Path(code.co_filename).resolve().is_relative_to(_PACKAGE)
+        except (OSError, ValueError):
+            inside = False
+        _INSIDE[id(code)] = (code, inside)
+    return _INSIDE[id(code)][1]
+
+
 def is_reference(func, exercise_id: str | None = None) -> bool:
     """True when ``func`` is the instructor edition's code: defined in this package's own
     files (not replaced at run time) and, for the function holding exercise region
@@ -64,13 +77,7 @@ def is_reference(func, exercise_id: str | None = None) -> bool:
     (``edition.py``). Functions that are no exercise are the reference wherever they
     were not replaced."""
     code = _code(func)
-    if code is None:
-        return False
-    try:
-        inside = Path(code.co_filename).resolve().is_relative_to(_PACKAGE)
-    except (OSError, ValueError):
-        inside = False
-    if not inside:
+    if code is None or not _in_package(code):
         return False
     if exercise_id is None:
         return True

@@ -83,7 +83,7 @@ def audit(engine: Engine) -> str:
     try:
         engine.verify_addresses()
     except AddressMovedError as exc:
-        engine.unhealthy = None  # this run only reports the verdict; it keeps measuring
+        engine.updater.unhealthy = None  # this run only reports the verdict; it keeps measuring
         return f"AddressMovedError: {exc}"
     return "clean"
 

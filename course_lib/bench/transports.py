@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config.to_hf_dict()))
         engine = Engine(folder, device=device, load_format="dummy", num_kv_blocks=8, enable_cuda_graph=False)
-        engine.waiting_for_weights = False  # only updates are timed here, nothing is served
+        engine.updater.waiting_for_weights = False  # only updates are timed here, nothing is served
         tensors = list(random_state_dict(config, seed=3, device=device).items())
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
         src = torch.empty(nbytes, dtype=torch.uint8, device=device)
