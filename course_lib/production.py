@@ -80,11 +80,12 @@ def compare_outputs(expected: list[list[int]], got: list[list[int]]) -> dict:
     order (``expected[i]``: the answer request ``i`` should get; ``got[i]``: the answer it
     got; each a list of token ids, possibly empty). Returns a dict:
 
-    - ``first_divergence``: one entry per request, ``first_divergence(expected[i], got[i])``
-      (None: identical; an answer cut short or run long diverges where the shorter ends);
-    - ``agreement``: the share of requests whose answers are identical (a float in [0, 1];
-      matching tokens after a divergence do not count, nor do equal lengths);
-    - ``matched_fraction``: the mean over requests of the share of ``expected[i]``
+    - ``"first_divergence"``: one entry per request, where its two answers part, exactly
+      as exercise 1 of this chapter defines it (None: identical; an answer cut short or run
+      long diverges where the shorter ends);
+    - ``"agreement"``: the share of requests whose answers are identical (a float in
+      [0, 1]; matching tokens after a divergence do not count, nor do equal lengths);
+    - ``"matched_fraction"``: the mean over requests of the share of ``expected[i]``
       reproduced before the first divergence (1.0 for an identical answer, the empty one
       included; 0.0 for a request that diverges at 0).
 
@@ -171,32 +172,31 @@ def promote_or_rollback(engine, new_path, prompts, reference, weight_version: st
                         partial: bool = False) -> dict:
     """Move ``engine`` to the checkpoint at ``new_path`` and keep it only if it passes.
 
+    Promises, in the order they happen:
+
     0. ``min_quality`` without ``quality``: ``ValueError`` before anything changes. The
-       expected outputs, ``greedy_outputs(reference, prompts, max_new_tokens)``, are taken
-       first (``reference``: stored token lists, or an Engine / EngineClient serving the
-       intended version; never the engine under test, whose old answers are not the new
-       version's).
-    1. ``engine.pause_generation(pause_mode)``, then ``engine.update_weights_from_disk(
-       new_path, weight_version=weight_version, keep_snapshot=True, partial=partial)``:
-       the engine first copies the serving weights into host memory (the snapshot), and
-       the prefix cache is flushed. An ``UpdateError`` (a checkpoint that does not fit,
-       NaN or infinite values found while streaming: the engine has already put back any
-       layer it wrote) means the old weights still serve: decision ``"rejected"``, reason
-       ``"update refused: <error>"``. Whatever happens, the engine is not left paused:
-       ``engine.continue_generation()`` runs on every way out of this step.
-    2. The canary, on the serving engine: ``comparison = compare(expected,
-       greedy_outputs(engine, prompts, max_new_tokens))``; ``comparison["agreement"]``
-       below ``min_agreement`` is a reason to roll back. If ``quality`` is given,
-       ``quality(engine)`` (higher is better) below ``min_quality`` is another.
-    3. Any reason: ``rollback_now(engine, pause_mode)``, which copies the snapshot back in
-       place (bitwise the old weights and version label, no disk read, no address
-       moves) and leaves the engine serving: ``"rolled_back"``. No reason: ``"promoted"``
-       (the engine keeps serving the new version, labelled ``weight_version``, and keeps
-       the snapshot for a later rollback).
+       expected outputs are the greedy answers of ``reference`` to ``prompts`` (stored
+       token lists, or an Engine / EngineClient serving the intended version; never the
+       engine under test, whose old answers are not the new version's), taken first.
+    1. The engine is paused in ``pause_mode`` and updated from ``new_path`` (labelled
+       ``weight_version``, ``partial`` as given) keeping a host snapshot of the serving
+       weights; the prefix cache is flushed. If the update is refused (an ``UpdateError``:
+       a checkpoint that does not fit, NaN or infinite values found while streaming; the
+       engine has already put back any layer it wrote), the old weights still serve:
+       decision ``"rejected"``, reason ``"update refused: <error>"``. Whatever happens,
+       the engine is not left paused.
+    2. The canary, on the serving engine: its greedy answers compared with the expected
+       ones (this chapter's comparison); an agreement below ``min_agreement`` is a reason
+       to roll back. If ``quality`` is given, ``quality(engine)`` (higher is better) below
+       ``min_quality`` is another.
+    3. Any reason: the snapshot is copied back in place (bitwise the old weights and
+       version label, no disk read, no address moves) and the engine serves again:
+       ``"rolled_back"``. No reason: ``"promoted"`` (the engine keeps serving the new
+       version, labelled ``weight_version``, and keeps the snapshot for a later rollback).
 
     Returns a dict: ``decision`` (``"promoted"``, ``"rolled_back"`` or ``"rejected"``),
     ``reasons`` (list of strings, empty when promoted), ``agreement`` (float, or None if
-    rejected), ``quality`` (float or None), ``comparison`` (what ``compare`` returned, or
+    rejected), ``quality`` (float or None), ``comparison`` (the comparison's dict, or
     None), ``update`` (the update's result, None if rejected) and ``rollback`` (the
     rollback's result, or None).
     """

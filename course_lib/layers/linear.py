@@ -78,16 +78,15 @@ class LinearBase(nn.Module):
         ``param``: this layer's weight (a Parameter, or the plain tensor a quantized layer
         stages into), shape [rows of all shards on this rank, in_per_rank]; it may carry a
         ``param_name`` attribute for messages. ``local``: the shard already cut for this
-        rank, which must have exactly the shape of the rows ``self.shard_rows(shard_id)``
-        names: (first row, number of rows) along dim 0. ``shard_id``: None for a plain
-        layer, ``"q"``/``"k"``/``"v"`` or 0/1 for fused ones.
+        rank. ``shard_id``: None for a plain layer, ``"q"``/``"k"``/``"v"`` or 0/1 for fused
+        ones; the rows it owns are the ones exercises 1 and 2 of this chapter compute.
 
-        Promises: those rows of ``param`` now equal ``local`` (the dtype converted as
-        ``copy_`` does) and no other row changes; ``param``'s storage never moves (no new
-        tensor is bound to it: captured CUDA graphs keep reading the same address).
-        Errors: a ``local`` whose shape is not exactly the rows' shape (even one that
-        would broadcast, or has the right number of elements) raises ValueError naming
-        the parameter, the shard and both shapes, and nothing is written.
+        Promises: those rows of ``param`` now equal ``local`` (its dtype converted to
+        ``param``'s) and no other row changes; ``param``'s storage never moves (no new tensor
+        is bound to it: captured CUDA graphs keep reading the same address).
+        Errors: a ``local`` whose shape is not exactly the rows' shape (even one that would
+        broadcast, or has the right number of elements) raises ValueError naming the
+        parameter, the shard and both shapes, and nothing is written.
         """
         # BEGIN EXERCISE ch01.local_loader
         offset, rows = self.shard_rows(shard_id)

@@ -37,31 +37,29 @@ class InProcessSync:
         return dict(result["timings_ms"]), result["bytes"]
 
     def sync(self, named_tensors, version: str, pause_mode: str | None = None) -> dict:
-        """One sync of the RL loop: pause, update, continue, each phase timed here.
+        """One sync of the RL loop: the engine takes the trainer's weights between two steps, and
+        the sync says where its time went.
 
         ``named_tensors``: the trainer's (HF name, tensor) pairs; ``version``: the label the
-        engine serves from this update on (a non-empty ``str``: every token generated
-        after the sync carries it); ``pause_mode``: ``None`` when the engine is idle (the
-        synchronous loop: no pause, no continue), else the engine's pause mode for the
-        requests in flight (``"abort"``, ``"wait"``, ``"keep"`` or ``"retract"``).
+        engine serves from this update on (a non-empty ``str``: every token generated after
+        the sync carries it); ``pause_mode``: ``None`` when the engine is idle (the
+        synchronous loop: no pause, no resume), else the pause mode for the requests in flight
+        (``"abort"``, ``"wait"``, ``"keep"`` or ``"retract"``).
 
-        In order:
+        Promises:
+        - with a ``pause_mode``, generation is paused in that mode before any weight moves,
+          and resumed afterwards, also when the update fails: a failed update never leaves
+          the engine paused (the error then goes on to the caller, after the engine resumed);
+        - the update itself goes through this sync's update step (the ``Sync`` subclass's
+          transport), which reports the engine's own phase times and the bytes it took;
+        - returns ``{"phases_ms": {"pause": ms, <the engine's phases, as reported>,
+          "continue": ms}, "bytes": n}``, where "pause" and "continue" are the milliseconds the
+          pause and the resume took, measured here on a monotonic clock (about 0 without a
+          pause).
 
-        1. with a ``pause_mode``, ``self.engine.pause_generation(pause_mode)``;
-        2. ``self._update(named_tensors, version)``, which returns the engine's own
-           phase times (a dict ``{phase: ms}``) and the bytes it took;
-        3. with a ``pause_mode``, ``self.engine.continue_generation()``, also when step 2
-           raised: a failed update must never leave the engine paused (the error then
-           goes on to the caller, after the engine resumed).
-
-        Returns ``{"phases_ms": {"pause": ms, <the engine's phases>, "continue": ms},
-        "bytes": n}``: ``"pause"`` and ``"continue"`` are the milliseconds of steps 1 and
-        3 measured here with ``time.perf_counter()`` (about 0 when there is no pause),
-        the engine's phases are copied as they are.
-
-        A ``version`` that is not a non-empty ``str`` raises ``ValueError`` before the
-        engine is touched; an unknown ``pause_mode`` is refused by ``pause_generation``
-        (``ValueError``), which then changes nothing.
+        A ``version`` that is not a non-empty ``str`` raises ``ValueError`` before the engine
+        is touched; an unknown ``pause_mode`` is refused by the engine (``ValueError``), which
+        then changes nothing.
         """
         # BEGIN EXERCISE ch08.step_sync
         if not isinstance(version, str) or not version:

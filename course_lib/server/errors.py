@@ -57,9 +57,10 @@ def from_engine_exception(exc: BaseException, engine) -> ApiError:
       ``timeout``, retryable;
     - any other ``ValueError`` (an update refused before any write: nothing changed):
       400 ``bad_request``;
-    - anything else while ``engine.unhealthy`` is set (a reason string): 503 ``unhealthy``
-      with that reason in the message;
-    - anything else: 500 ``internal``, logged with its traceback (``log.error``).
+    - anything else while the engine is unhealthy (its ``unhealthy`` reason is set): 503
+      ``unhealthy`` with that reason in the message;
+    - anything else: 500 ``internal``, and the module's logger records it with its
+      traceback at error level (an operator must be able to find it).
 
     Messages carry ``str(exc)``; retryable is False unless stated. Pure: it changes nothing.
     """

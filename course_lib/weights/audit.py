@@ -57,12 +57,16 @@ class AddressAudit:
     unwritten: str | None = None  # which part is unwritten, while chapter 04's audit is (student edition)
 
     def __init__(self, tensors: dict[str, torch.Tensor]):
-        """Record every tensor of ``tensors`` ({name: tensor}: what kernels read, e.g.
-        ``kernel_tensors(model, extra)``) into ``self.recorded``: {name: TensorAddress}
-        with its ``data_ptr()``, ``tuple(shape)``, dtype, ``str(device)``, and
-        ``storage=t.untyped_storage()``, a reference that keeps the recorded memory
-        allocated for as long as the audit lives, so that memory can never be handed out
-        again at the same address (the ABA hole in the module docstring).
+        """Record where every tensor of ``tensors`` lives ({name: tensor}: what kernels read,
+        e.g. ``kernel_tensors(model, extra)``).
+
+        Promises: ``self.recorded`` is {name: TensorAddress} for every entry, in the same
+        order, each with the tensor's address in memory, its shape as a tuple, its dtype and
+        its device written as a string, exactly as ``TensorAddress.of`` would read them now;
+        and each record holds the tensor's storage itself, so the recorded memory stays
+        allocated for as long as the audit lives and can never be handed out again at the
+        same address (the ABA hole in the module docstring). Holding it costs no memory while
+        updates copy in place.
 
         Errors, before anything is recorded: ``tensors`` not a dict: TypeError; a value
         that is not a torch.Tensor: TypeError naming its key and its type.

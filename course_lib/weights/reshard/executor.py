@@ -133,24 +133,22 @@ def send_pieces(plan: ReshardPlan, trainer_rank: int, local: Mapping[str, torch.
 def receive_shards(plan: ReshardPlan, engine_rank: int, group, device="cpu",
                    trainer_group_ranks: Sequence[int] | None = None, engine_group_ranks: Sequence[int] | None = None,
                    inflight_bytes: int = DEFAULT_INFLIGHT_BYTES) -> dict[str, torch.Tensor]:
-    """Engine side: receive every piece engine rank ``engine_rank`` is the destination of
-    (``plan.pieces_for(engine_rank)``, in that order) and return {checkpoint name: shard}.
+    """Engine side: receive every piece engine rank ``engine_rank`` is the destination of,
+    and return {checkpoint name: this rank's shard of that tensor}.
 
-    - Allocate this rank's shards and nothing larger: ``_empty_shards(plan, engine_rank,
-      torch.device(device))`` (one empty tensor per tensor this rank holds, of the shard's
-      shape and the plan's dtype).
-    - Group ranks: ``_group_ranks(plan, trainer_group_ranks, engine_group_ranks)`` gives
-      (trainer group ranks, engine group ranks); piece ``p`` comes from group rank
-      ``trainer_ranks[p.src]``, with tag ``_tags(plan)[id(p)]`` (the sender uses the same).
-    - Each piece lands in ``view = shards[p.name][box_slices(p.dst_box)]``, *in place*.
-      ``group.recv([tensor], src, tag)`` returns a work object (``.wait()``) and writes
-      into ``tensor``'s memory, which must be contiguous. A block of whole rows is a
-      contiguous view: receive straight into it. A block of columns is not: receive into
-      a contiguous buffer of the view's shape and dtype, and copy the buffer into the view
-      once the receive is done (never earlier: the bytes are not there yet).
-    - Post receives through ``_Window(inflight_bytes)``: ``window.add(work, p.nbytes,
-      done=callback)`` waits on the oldest receives (calling their ``done``) while more
-      than ``inflight_bytes`` are in flight; ``window.drain()`` at the end waits on all.
+    Promises:
+    - each returned shard has the shape of this rank's box of its tensor and the plan's
+      dtype, on ``device``, and holds exactly the bytes the trainers sent for it: every
+      piece lands at its destination box, in place, whether or not that box is a
+      contiguous view (a piece received somewhere else and never copied in is lost);
+    - memory is bounded: this rank allocates its own shards and nothing larger (never a
+      full tensor it does not own), and at most about ``inflight_bytes`` of receives are
+      outstanding at once;
+    - the pieces are posted in the plan's order for this rank, with the source ranks and
+      tags the senders use, translated from plan ranks to group ranks
+      (``trainer_group_ranks`` / ``engine_group_ranks``: trainers may join the group after
+      the engine's ranks), so no rank waits on a receive nobody has posted;
+    - on return every receive has completed and been copied into place.
     """
     # BEGIN EXERCISE ch06.receive_shards
     trainer_ranks = _group_ranks(plan, trainer_group_ranks, engine_group_ranks)[0]
