@@ -16,7 +16,8 @@ Needs only Python, pytest and what the tests import (torch, numpy). Every run is
 separate pytest process with a time limit. Exit codes of test: 0 every case ran and
 passed; 1 a case failed (or nothing could be graded); 3 nothing failed but some cases
 were not graded (they need a GPU): incomplete, not a pass; 2 a usage error. check
-exits 0 when every rule holds, else 1; grade exits 0 when the gradebook is written and
+exits 0 when every rule holds, 3 when everything decided here holds but some rows need a
+GPU case to be decided ("not graded here"), else 1; grade exits 0 when the gradebook is written and
 every case of every learner was graded, 3 when it is written but some cases need a GPU.
 """
 from __future__ import annotations
@@ -143,16 +144,22 @@ def cmd_check(args) -> int:
     rules = chapters.consistency(REPO, all_chapters) + [
         f"{ex.id} has no wrong variant (hidden/chapters/{ch.id}/wrong/{ex.name}.<variant>.py)"
         for ch in all_chapters for ex in ch.exercises if not ch.wrong_variants(ex)]
-    rows, records, all_ok = run_checks(jobs, args.jobs)
+    rows, records, all_ok, undecided = run_checks(jobs, args.jobs)
     all_ok &= not rules
     if args.json:
-        print(json.dumps({"ok": all_ok, "rules": rules, "checks": records}, indent=1))
+        print(json.dumps({"ok": all_ok, "not_graded_here": undecided, "rules": rules, "checks": records}, indent=1))
     else:
         print(report.table(rows, ["problem or exercise", "file", "expected", "got", "failed in", "verdict"]))
         for rule in rules:
             print(f"WRONG: {rule}")
-        print("\ncheck: " + ("all hold" if all_ok else "some do NOT hold (see the verdict column)"))
-    return 0 if all_ok else 1
+        if not all_ok:
+            print("\ncheck: some do NOT hold (see the verdict column)")
+        elif undecided:
+            print(f"\ncheck: incomplete: everything decided here holds; {undecided} row(s) not graded here "
+                  f"(only a GPU case decides them: run the check on a GPU machine)")
+        else:
+            print("\ncheck: all hold")
+    return 1 if not all_ok else 3 if undecided else 0
 
 
 def cmd_grade(args) -> int:

@@ -68,17 +68,19 @@ def chapter_checks(chapters: list[Chapter], repo: Path, *, timeout: float, threa
     return jobs
 
 
-def run_checks(jobs: list[tuple], workers: int) -> tuple[list[list[str]], list[dict], bool]:
-    """Run the jobs (each its own process) ``workers`` at a time; rows for the table, records, all ok."""
+def run_checks(jobs: list[tuple], workers: int) -> tuple[list[list[str]], list[dict], bool, int]:
+    """Run the jobs (each its own process) ``workers`` at a time; rows for the table,
+    records, whether no verdict is WRONG, and how many could not be decided here."""
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = list(pool.map(lambda job: job[3](), jobs))
-    rows, records, all_ok = [], [], True
+    rows, records, all_ok, undecided = [], [], True, 0
     for (label, what, should_pass, _), res in zip(jobs, results):
         verdict = report.check_verdict(should_pass, res)
-        all_ok &= verdict == "ok"
+        undecided += verdict.startswith(report.NOT_GRADED_HERE)
+        all_ok &= verdict == "ok" or verdict.startswith(report.NOT_GRADED_HERE)
         caught_by = sorted({c.case.split("::")[0] for c in res.cases if c.outcome == "fail"})
         rows.append([label, what, "pass all" if should_pass else "fail some",
                      report.summary(res), ", ".join(caught_by) or "-", verdict])
         records.append({"problem": label, "file": what, "should_pass": should_pass, "verdict": verdict,
                         "result": res.to_json()})
-    return rows, records, all_ok
+    return rows, records, all_ok, undecided

@@ -51,16 +51,28 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+NOT_GRADED_HERE = "not graded here"
+
+
 def check_verdict(should_pass: bool, result: RunResult) -> str:
-    """'ok', or in words why a reference (should_pass) or a starter / wrong answer breaks the rules."""
+    """'ok'; or 'not graded here: ...' when only cases this machine cannot run (GPU) could
+    decide it (a case that did not run is never a pass, nor a failure of the check); or in
+    words why a reference (should_pass) or a starter / wrong answer breaks the rules."""
     if not result.hidden:
         return "WRONG: no hidden tests (practice/hidden/<slug>/ or $COURSE_HIDDEN_DIR/<slug>/)"
+    skipped = result.count("not graded")
     if should_pass:
         bad = next((c for c in result.cases if c.outcome == "fail"), None)
         if bad is not None:
             return f"WRONG: the reference fails {bad.case}: {bad.message}"
-        return "ok" if result.graded else "WRONG: nothing was graded"
-    return "ok" if result.count("fail") else "WRONG: passes every graded case"
+        if result.graded:
+            return "ok"
+        return f"{NOT_GRADED_HERE}: all {skipped} cases need a GPU" if skipped else "WRONG: nothing was graded"
+    if result.count("fail"):
+        return "ok"
+    if skipped:
+        return f"{NOT_GRADED_HERE}: passes every case run here; {skipped} case(s) that need a GPU did not run"
+    return "WRONG: passes every graded case"
 
 
 def print_chapter(chapter, result: RunResult, exercises: list[dict], hidden_dir) -> None:
