@@ -52,6 +52,10 @@ def cmd_list(args) -> int:
                     for ch in chapters.all_chapters() for ex in ch.exercises]
     if chapter_rows:
         print(report.table(chapter_rows, ["chapter", "title", "exercise", "exercise title", "points"]))
+        warmups = [f"{ch.id} {w}" for ch in chapters.all_chapters() for w in ch.warmups]
+        if warmups:
+            print("\nnotebook warm-ups (not graded by the judge: each notebook's own cell checks its answer): "
+                  + ", ".join(warmups))
         print("\ngrade a chapter: python practice/judge.py test chNN [--root DIR]\n")
     rows = [[p.slug, p.title, p.chapter, p.difficulty, ", ".join(p.tags), "yes" if p.needs_cuda else "no"]
             for p in problems.all_problems()]

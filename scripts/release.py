@@ -116,8 +116,8 @@ def stub_library(dest: Path, repo: Path = REPO) -> int:
 
 def write_student_files(dest: Path) -> None:
     """The learner's README (chapter list from the registries) and a pyproject whose pytest runs the public tests."""
-    rows = "\n".join(f"| {ch.id} | {ch.title} | {', '.join(f'`{e.id}`' for e in ch.exercises)} | `{ch.notebook}` |"
-                     for ch in registry.all_chapters())
+    rows = "\n".join(f"| {ch.id} | {ch.title} | {', '.join(f'`{e.id}`' for e in ch.exercises)} | `{ch.notebook}` | "
+                     f"{', '.join(f'`{w}`' for w in ch.warmups) or '-'} |" for ch in registry.all_chapters())
     (dest / "README.md").write_text(STUDENT_README.read_text(encoding="utf-8").replace("{chapters}", rows),
                                     encoding="utf-8")
     pyproject = dest / "pyproject.toml"

@@ -448,3 +448,42 @@ def test_runs_side_by_side_get_a_share_of_the_cores(monkeypatch, tmp_path):
     assert "OMP_NUM_THREADS" not in _environment(tmp_path / "x.py", tmp_path / "r", problem)
     monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the user's own setting wins
     assert _environment(tmp_path / "x.py", tmp_path / "r", problem, threads=3)["OMP_NUM_THREADS"] == "5"
+
+
+def test_every_notebook_warm_up_is_listed_and_named_by_the_judge():
+    """A warm-up (an nbgrader solution cell outside course_lib) is listed in its chapter.json,
+    so the judge and the student README can say it is not graded by the judge."""
+    for ch in chapters.all_chapters():
+        cells = json.loads((REPO / ch.notebook).read_text(encoding="utf-8"))["cells"]
+        found = {c["metadata"]["nbgrader"]["grade_id"] for c in cells
+                 if "BEGIN SOLUTION" in "".join(c["source"]) and c.get("metadata", {}).get("nbgrader")}
+        assert found == set(ch.warmups), (ch.id, found, ch.warmups)
+    r = judge("list")
+    assert r.returncode == 0 and "notebook warm-ups" in r.stdout and "ch02 retract_bill" in r.stdout, r.stdout
+
+
+def test_a_notebook_check_raises_naming_the_part_and_its_section(tmp_path, capsys):
+    """The one check helper the notebooks share: a part whose public cases fail stops Run
+    All with an error that names the part and the notebook section; a passing one prints."""
+    from judging.notebook import PartNotDone, public_checks
+    shutil.copytree(REPO / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PRACTICE / "chapters", tmp_path / "practice" / "chapters", ignore=shutil.ignore_patterns("__pycache__"))
+    public_checks("ch02.flush_rules", root=tmp_path)
+    assert "all 5 public cases passed" in capsys.readouterr().out
+    target = tmp_path / "course_lib" / "engine" / "pause.py"
+    target.write_text(regions.replace_bodies(target.read_text(), {"ch02.flush_rules": "return True\n"}))
+    with pytest.raises(PartNotDone, match=r"ch02.flush_rules: \d of 5 public cases did not pass.*"
+                                          r"When the cache may be flushed"):
+        public_checks("ch02.flush_rules", root=tmp_path)
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_a_notebook_warns_when_python_imports_another_editions_course_lib(tmp_path, monkeypatch):
+    from judging.notebook import edition_mismatch
+    (tmp_path / "course_lib").mkdir()
+    (tmp_path / "course_lib" / "__init__.py").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert "imports course_lib from" in edition_mismatch()
+    monkeypatch.chdir(REPO / "notebooks")
+    assert edition_mismatch() is None

@@ -52,6 +52,9 @@ class Chapter:
     title: str
     notebook: str
     exercises: list[Exercise] = field(default_factory=list)
+    # The notebook's warm-up cells (nbgrader solution cells outside course_lib): the learner
+    # answers them in the notebook, whose own cell checks them; the judge does not grade them.
+    warmups: tuple[str, ...] = ()
 
     @property
     def number(self) -> str:
@@ -122,7 +125,10 @@ def load(chapter_id: str, chapters_dir: Path = CHAPTERS) -> Chapter:
     ids = [e.id for e in exercises]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{where}: an exercise id is listed twice: {ids}")
-    return Chapter(chapter_id, path, meta["title"], meta["notebook"], exercises)
+    warmups = meta.get("warmups", [])
+    if not (isinstance(warmups, list) and all(isinstance(w, str) and w.isidentifier() for w in warmups)):
+        raise ValueError(f"{where}: warmups must be a list of the notebook's warm-up function names, got {warmups!r}")
+    return Chapter(chapter_id, path, meta["title"], meta["notebook"], exercises, tuple(warmups))
 
 
 def all_chapters(chapters_dir: Path = CHAPTERS) -> list[Chapter]:

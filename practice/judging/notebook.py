@@ -79,3 +79,73 @@ def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 
         raise AssertionError(f"{exercise_id}: {len(failed)} case(s) failed; first: {failed[0]['message']}"
                              if failed else f"{exercise_id}: not passed ({result['status']})")
     print(f"{exercise_id}: every case ran and passed")
+
+
+class PartNotDone(AssertionError):
+    """A part's public cases did not all pass: Run All stops here, at the first such part."""
+
+
+def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
+    """Run the public tests of one exercise (``"ch02.wait_drain"``) on the learner's own
+    course_lib (``root``: the edition holding it, found as ``course_root`` does), print one
+    line per case (a failing case with its message), and raise ``PartNotDone`` naming the
+    part and the notebook section that explains it unless every case ran and passed."""
+    from judging import chapters  # the registries beside this judge
+
+    chapter_id, name = exercise_id.split(".", 1)
+    chapter = chapters.load(chapter_id)
+    exercise = next((e for e in chapter.exercises if e.id == exercise_id), None)
+    if exercise is None:
+        raise ValueError(f"{exercise_id}: no such exercise in {chapter_id} "
+                         f"(its parts: {', '.join(e.id for e in chapter.exercises)})")
+    root = Path(root) if root else course_root()
+    tests = root / "practice" / "chapters" / chapter_id / "test_public.py"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "--tb=no", "--color=no", "-p", "no:cacheprovider",
+                          str(tests), "-k", f"test_{name}_"], cwd=root, capture_output=True, text=True,
+                         timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(root)})
+    cases = [line for line in run.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR", "SKIPPED"))]
+    for line in cases:
+        outcome, _, rest = line.partition(" ")
+        case = rest.split("::")[-1].removeprefix(f"test_{name}_").lstrip("_")
+        print(f"{outcome:7} {case.replace(' - ', ': ', 1)}")
+    passed = sum(line.startswith("PASSED") for line in cases)
+    if run.returncode == 0 and passed and passed == len(cases):
+        print(f"{exercise_id}: all {passed} public cases passed")
+        return
+    where = f"{chapter.notebook}, section “{exercise.section}”"
+    if not cases:
+        raise PartNotDone(f"{exercise_id}: no public case ran ({run.stdout.strip()[-300:] or run.stderr.strip()[-300:]}); "
+                          f"see {where}")
+    raise PartNotDone(f"{exercise_id}: {len(cases) - passed} of {len(cases)} public cases did not pass; "
+                      f"the lines above say what each expected; see {where}")
+
+
+def edition_mismatch() -> str | None:
+    """Why the ``course_lib`` Python imports is not this notebook's edition's (one
+    environment reused for two editions: the student's notebooks would run the
+    instructor's engine), or None when it is, or when grading decides the root itself."""
+    if os.environ.get("COURSE_SUBMISSION_ROOT") or "autograded" in Path.cwd().parts:
+        return None
+    import course_lib
+    imported = Path(course_lib.__file__).resolve().parents[1]
+    try:
+        here = course_root().resolve()
+    except AssertionError:
+        return None
+    if imported == here:
+        return None
+    return (f"this notebook belongs to {here}, but Python imports course_lib from {imported}: "
+            f"your edits in {here / 'course_lib'} would not run. Run `bash scripts/setup.sh` in {here} "
+            f"(or `pip install -e {here}`) and restart the kernel.")
+
+
+def chapter_checks(chapter_id: str):
+    """``public_checks`` for one chapter's parts by short name: ``check = chapter_checks("ch02")``
+    then ``check("wait_drain")``."""
+    problem = edition_mismatch()
+    if problem:
+        print(f"WARNING: {problem}")
+    def check(name: str) -> None:
+        public_checks(f"{chapter_id}.{name}")
+    check.__doc__ = f"Run the public tests of {chapter_id}.<name> on your course_lib; raises until they all pass."
+    return check

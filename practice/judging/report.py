@@ -89,6 +89,8 @@ def print_chapter(chapter, result: RunResult, exercises: list[dict], hidden_dir)
     print(score_line(result))
     earned, top = sum(e["earned"] for e in exercises), sum(e["points"] for e in exercises)
     print(f"points: {earned:g}/{top:g}")
+    for name in getattr(chapter, "warmups", ()):
+        print(f"not graded by the judge: notebook warm-up {name} ({chapter.notebook}: its own cell checks it)")
     print(status_line(chapter_status(result, exercises), result))
 
 
