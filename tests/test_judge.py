@@ -475,7 +475,7 @@ def test_a_notebook_check_raises_naming_the_part_and_its_section(tmp_path, capsy
     with pytest.raises(PartNotDone, match=r"ch02.flush_rules: \d of 5 public cases did not pass.*"
                                           r"When the cache may be flushed"):
         public_checks("ch02.flush_rules", root=tmp_path)
-    assert "FAILED" in capsys.readouterr().out
+    assert re.search(r"^FAILED +\S+: \S", capsys.readouterr().out, re.M), "each failing case shows its message"
 
 
 def test_a_notebook_warns_when_python_imports_another_editions_course_lib(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import html
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -178,11 +179,14 @@ def test_untouched_student_notebook_gets_zero_and_fails_only_at_stubs(course):
     errors = {c["metadata"].get("nbgrader", {}).get("grade_id"): o for c in cells
               for o in c.get("outputs", []) if o["output_type"] == "error"}
     assert graded <= set(errors), f"graded cells that did not fail: {graded - set(errors)}"
-    # Before the learner writes a part, the engine stops at its stub: any other cell that
-    # fails names one of the chapter's exercises (or the notebook's own unwritten answer).
+    # Before the learner writes a part, the engine stops at its stub, and a part's check cell
+    # stops with PartNotDone naming it: any other cell that fails names one of the chapter's
+    # exercises (or is the notebook's own unwritten answer).
     for grade_id, o in errors.items():
         if grade_id not in graded:
-            assert o["ename"] == "NotImplementedError", (grade_id, o["ename"], o["evalue"][:300])
+            assert o["ename"] in ("NotImplementedError", "PartNotDone"), (grade_id, o["ename"], o["evalue"][:300])
+            if o["ename"] == "PartNotDone":
+                assert re.match(r"ch\d\d\.\w+: ", o["evalue"]), o["evalue"][:300]
 
 
 def test_hidden_tests_catch_what_the_visible_checks_miss(course):

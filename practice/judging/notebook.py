@@ -102,12 +102,15 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
     tests = root / "practice" / "chapters" / chapter_id / "test_public.py"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "--tb=no", "--color=no", "-p", "no:cacheprovider",
                           str(tests), "-k", f"test_{name}_"], cwd=root, capture_output=True, text=True,
-                         timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(root)})
+                         timeout=timeout, stdin=subprocess.DEVNULL,
+                         # a wide "terminal": pytest drops a failure's message from its summary line when it does not fit
+                         env={**os.environ, "PYTHONPATH": str(root), "COLUMNS": "1000"})
     cases = [line for line in run.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR", "SKIPPED"))]
     for line in cases:
         outcome, _, rest = line.partition(" ")
-        case = rest.split("::")[-1].removeprefix(f"test_{name}_").lstrip("_")
-        print(f"{outcome:7} {case.replace(' - ', ': ', 1)}")
+        nodeid, _, message = rest.partition(" - ")
+        case = nodeid.split("::")[-1].removeprefix(f"test_{name}_").lstrip("_")
+        print(f"{outcome:7} {case}" + (f": {message}" if message else ""))
     passed = sum(line.startswith("PASSED") for line in cases)
     if run.returncode == 0 and passed and passed == len(cases):
         print(f"{exercise_id}: all {passed} public cases passed")
