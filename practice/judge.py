@@ -166,6 +166,37 @@ def cmd_check(args) -> int:
     return 1 if not all_ok else 3 if undecided else 0
 
 
+def cmd_mutate(args) -> int:
+    from judging.mutate import mutate
+
+    all_chapters = {ch.id: ch for ch in chapters.all_chapters()}
+    todo: dict[str, list[str]] = {}
+    for name in args.names:
+        chapter_id = name.split(".", 1)[0]
+        if chapter_id not in all_chapters or ("." in name and name not in {e.id for e in all_chapters[chapter_id].exercises}):
+            raise UsageError(f"no chapter or exercise named {name}")
+        ids = [name] if "." in name else [e.id for e in all_chapters[chapter_id].exercises]
+        todo.setdefault(chapter_id, []).extend(i for i in ids if i not in todo.get(chapter_id, []))
+    rows, records = [], []
+    for chapter_id, ids in todo.items():
+        r, rec = mutate(all_chapters[chapter_id], REPO, ids, args.per_region, args.seed, args.timeout,
+                        max(1, os.cpu_count() or 1))
+        rows += r
+        records += rec
+    killed = sum(r["outcome"] == "killed" for r in records)
+    survived = [r for r in records if r["outcome"] == "SURVIVED"]
+    here = sum(r["outcome"] == "not graded here" for r in records)
+    if args.json:
+        print(json.dumps({"killed": killed, "survived": len(survived), "not_graded_here": here,
+                          "mutants": records}, indent=1))
+    else:
+        print(report.table(rows, ["exercise", "mutant", "got", "outcome"]))
+        share = f"{killed / len(records):.0%}" if records else "-"
+        print(f"\nmutate: {killed} of {len(records)} killed ({share}), {len(survived)} survived"
+              + (f", {here} not graded here (need a GPU)" if here else ""))
+    return 1 if survived else 3 if here else 0
+
+
 def cmd_grade(args) -> int:
     submissions = Path(args.submissions)
     if not submissions.is_dir():
@@ -258,6 +289,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="only these problems, chapters (ch01) or exercises (ch01.block_hash); default: all")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="runs at once")
+    p = sub.add_parser("mutate", help="maintainers: one-line mutants of a chapter's region references, graded; survivors listed")
+    p.add_argument("names", nargs="+", metavar="NAME", help="chapters (ch02) or exercises (ch02.wait_drain)")
+    p.add_argument("--per-region", type=int, default=3, help="mutants drawn per region (0: every one)")
+    p.add_argument("--seed", type=int, default=0, help="which mutants are drawn")
+    p.add_argument("--jobs", type=int, default=1, help="(kept for symmetry with check; mutants run one at a time)")
     p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/ (course_lib/, <slug>.py) into a gradebook")
     p.add_argument("submissions")
     p.add_argument("--out", default=".", help="where gradebook.csv and gradebook.json go (default: here)")
@@ -265,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("release", help="copy the student edition of practice/ (no answers, no hidden tests)")
     p.add_argument("dest")
     p.add_argument("--force", action="store_true", help="replace dest if it is not empty")
-    for name in ("test", "check", "grade"):
+    for name in ("test", "check", "grade", "mutate"):
         sub.choices[name].add_argument("--json", action="store_true", help="machine-readable results on stdout")
         sub.choices[name].add_argument("--timeout", type=float, default=120.0,
                                        help="seconds per problem run; a run past it fails its unfinished cases")

@@ -487,3 +487,18 @@ def test_a_notebook_warns_when_python_imports_another_editions_course_lib(tmp_pa
     assert "imports course_lib from" in edition_mismatch()
     monkeypatch.chdir(REPO / "notebooks")
     assert edition_mismatch() is None
+
+
+def test_mutate_grades_one_line_mutants_of_a_region(tmp_path):
+    """Maintainers' mutation run: each mutant of the reference is graded like a learner's
+    answer; the exit code says whether any survived."""
+    from judging.mutate import mutants_of
+    (region,) = [r for r in regions.find(REPO) if r.id == "ch09.first_divergence"]
+    mutants = mutants_of(region)
+    assert mutants and all(m.body != regions.dedent_body(region) for m in mutants)
+    assert any("deleted" in m.what for m in mutants) and any("->" in m.what for m in mutants)
+    r = judge("mutate", "ch09.first_divergence", "--per-region", "2", "--json")
+    result = json.loads(r.stdout)
+    assert len(result["mutants"]) == 2, result
+    assert r.returncode == (1 if result["survived"] else 3 if result["not_graded_here"] else 0), r.stderr[-500:]
+    assert result["killed"] + result["survived"] + result["not_graded_here"] == 2

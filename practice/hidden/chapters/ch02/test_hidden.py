@@ -230,7 +230,10 @@ def test_retract_in_order_with_its_bill(ckpts, rng):
     load = Load(rng, v1)
     e = load.engine
     running, queued, tokens = load.in_flight()
+    preemptions = e.scheduler.num_preemptions
     e.pause_generation("retract")
+    assert e.scheduler.num_preemptions == preemptions, \
+        where("a retract is no out-of-memory preemption: the scheduler's count of those stays as it was")
     assert [s.rid for s in e.scheduler.waiting] == running + queued, \
         where("retracted requests lead the queue in their running order, ahead of those queued")
     assert e.block_manager.used_block_ids == set(), where("retracted requests hold no KV")
