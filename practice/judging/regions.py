@@ -164,7 +164,8 @@ def mark_edition(root: Path, *, student: bool = False, replaced=()) -> None:
     path = Path(root) / EDITION_FILE
     text = path.read_text(encoding="utf-8")
     edition = f'EDITION = "{"student" if student else "instructor"}"'
-    before = set(re.findall(r"\"(ch\d\d\.[a-z0-9_]+)\"", text.split("REPLACED", 1)[1])) if "REPLACED" in text else set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("REPLACED")), "")
+    before = set(re.findall(r"\"(ch\d\d\.[a-z0-9_]+)\"", line))
     ids = ", ".join(f'"{i}"' for i in sorted(before | set(replaced)))
     lines = []
     for line in text.splitlines():
