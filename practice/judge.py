@@ -177,12 +177,8 @@ def cmd_mutate(args) -> int:
             raise UsageError(f"no chapter or exercise named {name}")
         ids = [name] if "." in name else [e.id for e in all_chapters[chapter_id].exercises]
         todo.setdefault(chapter_id, []).extend(i for i in ids if i not in todo.get(chapter_id, []))
-    rows, records = [], []
-    for chapter_id, ids in todo.items():
-        r, rec = mutate(all_chapters[chapter_id], REPO, ids, args.per_region, args.seed, args.timeout,
-                        max(1, os.cpu_count() or 1))
-        rows += r
-        records += rec
+    work = [(all_chapters[chapter_id], ids) for chapter_id, ids in todo.items()]
+    rows, records = mutate(work, REPO, args.per_region, args.seed, args.timeout, args.jobs)
     killed = sum(r["outcome"] == "killed" for r in records)
     survived = [r for r in records if r["outcome"] == "SURVIVED"]
     here = sum(r["outcome"] == "not graded here" for r in records)
@@ -293,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="+", metavar="NAME", help="chapters (ch02) or exercises (ch02.wait_drain)")
     p.add_argument("--per-region", type=int, default=3, help="mutants drawn per region (0: every one)")
     p.add_argument("--seed", type=int, default=0, help="which mutants are drawn")
-    p.add_argument("--jobs", type=int, default=1, help="(kept for symmetry with check; mutants run one at a time)")
+    p.add_argument("--jobs", type=int, default=1, help="mutants graded at once (each in its own process)")
     p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/ (course_lib/, <slug>.py) into a gradebook")
     p.add_argument("submissions")
     p.add_argument("--out", default=".", help="where gradebook.csv and gradebook.json go (default: here)")

@@ -78,10 +78,24 @@ def _environment(root: Path, results: Path, chapter: Chapter, exercises, threads
         COURSE_CHAPTER_EXERCISES=",".join(e.id for e in chapter.exercises),
         COURSE_SELECT_EXERCISES=",".join(exercises or []),
         COURSE_REQUIRES_CUDA="0",
+        COURSE_REFERENCE_ROOT=reference_root() or "",
         PYTHONDONTWRITEBYTECODE="1",
         PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
     )
     return env
+
+
+def reference_root() -> str | None:
+    """The judge's own tree when it is the unchanged instructor edition: the reference the
+    differential cases run beside the learner's engine (hidden/chapters/shared/twin.py)."""
+    root = Path(__file__).resolve().parents[2]
+    edition = root / "course_lib" / "edition.py"
+    if not edition.is_file():
+        return None
+    text = edition.read_text(encoding="utf-8")
+    if 'EDITION = "instructor"' not in text or "REPLACED: frozenset[str] = frozenset()" not in text:
+        return None
+    return str(root)
 
 
 def _verify_course_lib(result: RunResult, results: Path, root: Path) -> None:

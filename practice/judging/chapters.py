@@ -81,7 +81,8 @@ class Chapter:
         d = self.hidden_dir()
         if not d.is_dir() or not list(d.glob("test_*.py")):
             return []
-        return sorted(p for p in d.glob("*.py") if p.name != "conftest.py")
+        shared = sorted((d.parent / "shared").glob("*.py"))  # scenarios every chapter may use (twin.py)
+        return sorted(p for p in d.glob("*.py") if p.name != "conftest.py") + shared
 
     def wrong_variants(self, exercise: Exercise | None = None) -> list[tuple[Exercise, str, Path]]:
         """(exercise, variant name, file) for each wrong body in ``hidden/chapters/chNN/wrong/``."""

@@ -17,10 +17,15 @@ Which mutants are drawn per region is seeded (``--seed``), so a run can be repea
 from __future__ import annotations
 
 import ast
+import os
 import random
 import re
 import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 from judging import regions, report
 from judging.chapter_run import run_chapter
@@ -91,25 +96,39 @@ def mutants_of(region: regions.Region) -> list[Mutant]:
     return found
 
 
-def mutate(chapter, repo, exercise_ids, per_region: int, seed: int, timeout: float, threads: int | None):
-    """Grade up to ``per_region`` seeded mutants of each named region (0: all of them);
-    returns rows for the table and the records."""
+def draw(repo, exercise_ids, per_region: int, seed: int) -> list[Mutant]:
+    """Up to ``per_region`` seeded mutants of each named region (0: all of them)."""
     rng = random.Random(seed)
     found = {r.id: r for r in regions.find(repo)}
-    rows, records = [], []
+    picked = []
     for exercise_id in exercise_ids:
         pool = mutants_of(found[exercise_id])
-        picked = pool if per_region <= 0 or per_region >= len(pool) else rng.sample(pool, per_region)
-        for mutant in picked:
-            root = variant_root(repo, exercise_id, mutant.body)
-            try:
-                result = run_chapter(chapter, root, exercises=[exercise_id], timeout=timeout, threads=threads)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
-            verdict = report.check_verdict(False, result)
-            outcome = ("killed" if verdict == "ok" else
-                       "not graded here" if verdict.startswith(report.NOT_GRADED_HERE) else "SURVIVED")
-            rows.append([exercise_id, mutant.what, report.summary(result), outcome])
-            records.append({"exercise": exercise_id, "mutant": mutant.what, "outcome": outcome,
-                            "body": mutant.body, "result": result.to_json()})
-    return rows, records
+        picked += pool if per_region <= 0 or per_region >= len(pool) else rng.sample(pool, per_region)
+    return picked
+
+
+def grade(chapter, repo, mutant: Mutant, timeout: float, threads: int | None) -> tuple[list, dict]:
+    """Grade one mutant like a learner's answer: (row for the table, record)."""
+    root = variant_root(repo, mutant.exercise, mutant.body)
+    try:
+        result = run_chapter(chapter, root, exercises=[mutant.exercise], timeout=timeout, threads=threads)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    verdict = report.check_verdict(False, result)
+    outcome = ("killed" if verdict == "ok" else
+               "not graded here" if verdict.startswith(report.NOT_GRADED_HERE) else "SURVIVED")
+    return ([mutant.exercise, mutant.what, report.summary(result), outcome],
+            {"exercise": mutant.exercise, "mutant": mutant.what, "outcome": outcome, "body": mutant.body,
+             "result": result.to_json()})
+
+
+def mutate(work, repo, per_region: int, seed: int, timeout: float, jobs: int = 1):
+    """Grade the drawn mutants of each (chapter, exercise ids) in ``work``, ``jobs`` at a
+    time (each run in its own process; the cores are shared out); returns rows and records
+    in the order drawn."""
+    todo = [(chapter, m) for chapter, ids in work for m in draw(repo, ids, per_region, seed)]
+    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        graded = list(tqdm(pool.map(lambda cm: grade(cm[0], repo, cm[1], timeout, threads), todo),
+                           total=len(todo), desc="mutants", unit="mutant", file=sys.stderr))
+    return [g[0] for g in graded], [g[1] for g in graded]

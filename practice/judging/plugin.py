@@ -24,6 +24,9 @@ import pytest
 
 # Read once and remove, so the code under test does not find the results file by name.
 _RESULTS = os.environ.pop("COURSE_JUDGE_RESULTS", None)
+# The reference edition's root, for cases that run the reference beside the learner's
+# engine (hidden/chapters/shared/twin.py): removed before the learner's code is imported.
+_REFERENCE_ROOT = os.environ.pop("COURSE_REFERENCE_ROOT", None)
 _NEEDS_CUDA_REASON = "needs CUDA"
 _pending: dict[str, dict] = {}
 _not_graded: set[str] = set()
@@ -153,8 +156,13 @@ def _message(report) -> str:
     for prefix in ("AssertionError: ", "Failed: "):
         text = text.removeprefix(prefix)
     text = text.split("\nassert ")[0]  # pytest appends the rewritten expression; the words come first
-    text = " ".join(text.split())
-    return text if len(text) <= 400 else text[:397] + "..."
+    # hypothesis's notes repeat the scenario the message shows, or count other failing examples
+    text = text.split("\nFalsifying ")[0].split("\n(note: ")[0]
+    # Lines kept (a case may show the inputs, the learner's value and the expected one on
+    # their own lines), each line's runs of spaces folded; one screen at most.
+    lines = [" ".join(line.split()) for line in text.strip().splitlines()]
+    text = "\n".join(line for line in lines if line)
+    return text if len(text) <= 1600 else text[:1597] + "..."
 
 
 @pytest.fixture(scope="session")
@@ -172,3 +180,17 @@ def candidate():
     except BaseException as e:  # noqa: BLE001 - a SyntaxError or sys.exit in the file is the learner's failure
         pytest.fail(f"could not import {os.path.basename(path)}: {type(e).__name__}: {e}", pytrace=False)
     return module
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The reference engine in a child process (twin.Reference), for cases that compare the
+    learner's engine with it; a run without a reference edition fails such cases."""
+    if not _REFERENCE_ROOT:
+        pytest.fail("this case compares your engine with the reference, and no reference edition was given "
+                    "($COURSE_REFERENCE_ROOT): grade it with practice/judge.py from the instructor edition",
+                    pytrace=False)
+    import twin
+    ref = twin.Reference(_REFERENCE_ROOT)
+    yield ref
+    ref.close()

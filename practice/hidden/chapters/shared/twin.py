@@ -1,0 +1,156 @@
+"""The reference engine beside the learner's: one scenario, run on both, every observable compared.
+
+A graded run imports the learner's ``course_lib``. The reference (the instructor edition
+the judge belongs to) cannot live in the same process: both packages are called
+``course_lib``. So the reference runs in a child process (``Reference``), started once per
+test module, with only the reference tree on its path; a scenario is a plain function of
+JSON-able arguments (``module:function``) that builds whatever it needs from a seed
+(engines, checkpoints on disk, tensors) and returns what it observed as JSON. The test
+runs the same function here, on the learner's code, and ``compare`` names the first
+observation that differs, with both values.
+
+The judge passes the reference tree's root in ``$COURSE_REFERENCE_ROOT``; the judge's
+pytest plugin removes it from the environment before the learner's code is imported and
+hands it to the ``reference`` fixture, so the learner's code cannot find it by name.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_here(scenario: str, /, **kwargs):
+    """Run scenario ``module:function`` in this process (on the learner's course_lib); the
+    result goes through JSON as the reference's does, so both compare alike."""
+    module, name = scenario.split(":")
+    return json.loads(json.dumps(getattr(importlib.import_module(module), name)(**kwargs)))
+
+
+class ReferenceError(RuntimeError):
+    """The reference failed to run a scenario: a fault of the grader, never the learner's."""
+
+
+class Reference:
+    """A child process running scenarios on the reference ``course_lib`` under ``root``."""
+
+    def __init__(self, root: str):
+        self.root = str(Path(root).resolve())
+        self._log = tempfile.TemporaryFile(mode="w+")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTEST_"))}
+        # The reference and the scenarios (beside this file) only.
+        env.update(PYTHONPATH=os.pathsep.join([self.root, str(HERE)]), PYTHONDONTWRITEBYTECODE="1")
+        self._proc = subprocess.Popen([sys.executable, "-u", "-c", "import twin; twin.serve()"], cwd=str(HERE),
+                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._log, text=True)
+        hello = self._read()
+        want = os.path.realpath(os.path.join(self.root, "course_lib"))
+        if hello.get("course_lib") != want or not hello.get("reference"):
+            self.close()
+            raise ReferenceError(f"the reference process imported {hello} instead of the reference edition at {want}")
+
+    def run(self, scenario: str, /, **kwargs):
+        """Run scenario ``module:function`` on the reference; returns what it observed."""
+        self._proc.stdin.write(json.dumps({"scenario": scenario, "kwargs": kwargs}) + "\n")
+        self._proc.stdin.flush()
+        reply = self._read()
+        if "error" in reply:
+            raise ReferenceError(f"the reference failed on {scenario}({kwargs}): {reply['error']}")
+        return reply["result"]
+
+    def _read(self) -> dict:
+        line = self._proc.stdout.readline()
+        if not line:
+            self._log.seek(0)
+            raise ReferenceError("the reference process stopped: " + self._log.read()[-2000:])
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._log.close()
+
+
+def serve() -> None:
+    """The child's loop: one JSON request per line on stdin, one reply per line on the
+    original stdout (anything the engine prints goes to stderr instead)."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import course_lib
+    from course_lib import edition
+    reference = edition.EDITION == "instructor" and not edition.REPLACED
+    out.write(json.dumps({"course_lib": os.path.realpath(os.path.dirname(course_lib.__file__)),
+                          "reference": reference}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reply = {"result": run_here(request["scenario"], **request["kwargs"])}
+        except BaseException as exc:  # noqa: BLE001 - reported to the grader, which fails loudly
+            reply = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def _short(value, limit: int = 300) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def first_difference(mine, theirs, path: str = ""):
+    """The first place two JSON values differ: (path, mine, theirs), or None when equal."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        for key in sorted(set(mine) | set(theirs)):
+            if key not in mine or key not in theirs:
+                return f"{path}.{key}", mine.get(key, "<missing>"), theirs.get(key, "<missing>")
+            found = first_difference(mine[key], theirs[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            found = first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return None if mine == theirs else (path or "(the result)", mine, theirs)
+
+
+def compare_traces(ops: list, mine: list, theirs: list, explain: str = "") -> None:
+    """Assert two traces (one observation per operation) are equal; on the first difference,
+    the message shows the operations up to it, what the learner's engine showed and what
+    the reference showed there."""
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        found = first_difference(a, b)
+        if found:
+            where, got, want = found
+            steps = "\n".join(f"  {j}: {_short(op, 160)}" for j, op in enumerate(ops[:i + 1]))
+            raise AssertionError(
+                f"your engine and the reference differ after operation {i} ({_short(ops[i], 160)}), at {where}:\n"
+                f"  yours:    {_short(got)}\n  expected: {_short(want)}\n"
+                f"the operations (replay them on a fresh engine to see it):\n{steps}"
+                + (f"\n{explain}" if explain else ""))
+    if len(mine) != len(theirs):
+        raise AssertionError(f"your engine made {len(mine)} observations, the reference {len(theirs)}, over {ops}")
+
+
+def compare_results(call, mine, theirs, explain: str = "") -> None:
+    """Assert two observations of one call are equal, naming the first difference."""
+    found = first_difference(mine, theirs)
+    if found:
+        where, got, want = found
+        raise AssertionError(f"{call}: your result differs from the reference at {where}:\n"
+                             f"  yours:    {_short(got)}\n  expected: {_short(want)}"
+                             + (f"\n{explain}" if explain else ""))
