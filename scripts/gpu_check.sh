@@ -10,6 +10,9 @@
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
 #   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s at ~1.7B (FastAPI wheels: scripts/server_wheels.sh)
+#   bash scripts/gpu_check.sh mutate   the GPU race cases, then judge.py mutate on every chapter (3 per region)
+# Packages the GPU machine lacks (FastAPI for chapter 07, hypothesis for the differential
+# cases) are installed from .whl/ when it is there (scripts/server_wheels.sh fills it).
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,18 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 status=0
+if [ -d .whl ] && ! python -c "import hypothesis, fastapi" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
+fi
+if [ "${1:-}" = "mutate" ]; then
+    python practice/judge.py check ch05.ipc_sender ch09.host_snapshot 2>&1 | tee "$out/judge_check_races.log" || status=1
+    for ch in $(ls practice/chapters | grep '^ch[0-9][0-9]$'); do
+        python practice/judge.py mutate "$ch" --per-region "${PER_REGION:-3}" --jobs "${JOBS:-12}" --json 2>/dev/null \
+            | python -c "import json,sys; d=json.load(sys.stdin); open('$out/mutate.jsonl','a').write(json.dumps(d)+'\n'); print('$ch', 'killed', d['killed'], 'of', len(d['mutants']), 'survived', d['survived'], 'not graded here', d['not_graded_here'])" \
+            | tee -a "$out/mutate_summary.txt" || status=1
+    done
+    exit $status
+fi
 if [ "${1:-}" = "large-hot" ]; then
     python -m course_lib.bench hot-vs-cold --preset qwen3-8b --json "$out/hot_vs_cold_qwen3-8b.json" 2>&1 | grep -v "it/s]" || status=1
     PYTHONPATH=$PWD python scripts/disk_update_sweep.py --preset qwen3-8b --threads 16 --chunk-mb 64 --ring 4 8 --rollback both --probes \

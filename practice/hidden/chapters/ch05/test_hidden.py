@@ -446,3 +446,49 @@ def test_an_update_over_a_gloo_broadcast_is_hot_equal_cold(tmp_path, rng):
     engine.continue_generation()
     engine.destroy_weights_update_group()
     assert_hot_equals_cold(engine, b, PROMPTS, max_new_tokens=4)
+
+
+# ---- races made visible: the GPU is kept busy, so a missing synchronization fails every time ----
+
+def busy_gpu(ms: float = 300.0) -> None:
+    """Queue about ``ms`` of work on the current stream (a spin kernel): anything queued
+    after it, such as the sender's packing, is still pending for that long."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    per_call_ms = max(start.elapsed_time(end), 1e-3)
+    torch.cuda._sleep(int(1_000_000 * ms / per_call_ms))
+
+
+def raw(t):
+    return t.reshape(-1).contiguous().view(torch.uint8)
+
+
+@SENDER
+@pytest.mark.cuda
+def test_the_bytes_are_in_the_buffer_when_the_payload_is_handed_over(rng):
+    """The engine reads the bucket from another process, i.e. another stream: when a payload
+    is yielded, the packing must have finished, whatever else the sender's stream was doing."""
+    r, seed = rng
+    pairs = [(n, t.cuda()) for n, t in random_pairs(r, 6) if t.numel()]
+    want = [(n, t.cpu()) for n, t in pairs]
+    sender = BucketSender(bucket_bytes=1 << 20, device="cuda")
+    side = torch.cuda.Stream()
+    for round_ in range(2):  # the second round reuses the buffers: stale bytes are the old ones
+        busy_gpu()
+        for receipt, payload in sender.payloads(pairs):
+            packed = safe_pickle.deserialize(payload)
+            with torch.cuda.stream(side):  # read as the engine would: not ordered after the sender's stream
+                views = [(n, t.to("cpu")) for n, t in bucket.unpack(packed)]
+            side.synchronize()
+            got = dict(views)
+            for name, t in want:
+                assert name in got and torch.equal(raw(got[name]), raw(t)), (
+                    f"{seed}: round {round_}, bucket {receipt}: read on another stream right after the payload was "
+                    f"handed over, {name} does not hold its bytes yet: the packing was still queued behind other "
+                    f"work on the sender's stream (see the exercise on the IPC sender: synchronization)")
+            sender.release(receipt)
+        pairs = [(n, t + 1 if t.dtype.is_floating_point else t ^ 1 if t.dtype != torch.bool else ~t) for n, t in pairs]
+        want = [(n, t.cpu()) for n, t in pairs]

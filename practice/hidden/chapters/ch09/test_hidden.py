@@ -388,3 +388,29 @@ def test_the_snapshot_is_a_copy_of_the_values(tmp_path, rng):
     engine.update_weights_from_disk(new, weight_version="v2")
     followed = [n for n, t in snap.tensors.items() if not torch.equal(t, state[n])]
     assert not followed, f"{seed}: {len(followed)} snapshot tensors changed with the update, e.g. {followed[:3]}"
+
+
+@SNAPSHOT
+@pytest.mark.cuda
+def test_the_snapshot_holds_its_values_when_it_returns_on_a_busy_gpu(tmp_path, rng):
+    """The copies to host memory are queued behind other work on the stream: on return the
+    snapshot must hold the values already (read at once, with no synchronization here)."""
+    r, seed = rng
+    v1 = make_random(tmp_path / "v1", "tiny", seed=r.randrange(10_000))
+    v2 = make_random(tmp_path / "v2", "tiny", seed=r.randrange(10_000, 20_000))
+    engine = Engine(v1, device="cuda")
+    engine.take_snapshot()  # an earlier snapshot of other values: its freed pinned memory may come back
+    engine.update_weights_from_disk(v2, weight_version="v2")
+    want = {n: t.cpu() for n, t in kernel_tensors(engine.model).items()}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    torch.cuda._sleep(int(1_000_000 * 300 / max(start.elapsed_time(end), 1e-3)))  # ~300 ms of queued work
+    snap = engine.take_snapshot()
+    wrong = [n for n, t in want.items() if not torch.equal(snap.tensors[n].view(torch.uint8).flatten(),
+                                                            t.view(torch.uint8).flatten())]
+    assert not wrong, (f"{seed}: right after take_snapshot() returned (the GPU busy with earlier work), "
+                       f"{len(wrong)} of {len(want)} host tensors did not hold the live values yet (e.g. {wrong[0]}): "
+                       f"the copies were still running; see the section on host snapshots (pinned, non-blocking copies)")
