@@ -296,6 +296,7 @@ class TensorSource(UpdateSource):
         # As a registered bucket (RegisteredSource.write): launch the one copy, check the
         # destinations again while it runs, then wait: the trainer reuses the buffer next.
         self.bound.copy()
+        timer.lap("copy")  # all of it on the CPU; on a GPU the launch, the wait comes below
         moved = self.bound.moved_destination()
         if moved is not None:  # cannot happen unless a copy rebinds: say so loudly
             updater.unhealthy = f"{moved} moved while a flattened bucket was copied into it"
