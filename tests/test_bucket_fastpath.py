@@ -4,6 +4,7 @@ registered path's and the general path's; a bad bucket is refused whole, naming 
 wrong, with nothing changed, whether its layout was seen before or not; hot == cold."""
 import multiprocessing as mp
 
+import numpy as np
 import pytest
 import torch
 
@@ -240,6 +241,23 @@ def test_a_rebound_weight_refuses_a_cached_bucket_and_clears_the_cache(ckpts):
         engine.update_weights_from_tensor(bucket.pack(tensors_of(a), out=out), load_format="flattened_bucket")
     assert same(weights(engine), before)
     assert cache_of(engine).num_buffers == 0 and not cache_of(engine).layouts
+
+
+def test_a_cached_layout_is_never_matched_by_fields_the_general_check_refuses(ckpts):
+    a, b = ckpts
+    tensors = tensors_of(b)[:6]
+    engine = Engine(a)
+    out = torch.empty(bucket.bucket_nbytes(tensors), dtype=torch.uint8)
+    good = bucket.pack(tensors, out=out)
+    engine.update_weights_from_tensor(good, load_format="flattened_bucket")
+    before = weights(engine)
+    m = good["metadata"][3]
+    # Equal to the cached layout as dictionary keys (np.int64(n) == n, with the same hash),
+    # yet not what a bucket may hold: the general path's check refuses them.
+    for change in ({"numel": np.int64(m.numel)}, {"shape": torch.Size([np.int64(d) for d in m.shape])}):
+        with pytest.raises(UpdateError, match="not"):
+            engine.update_weights_from_tensor(corrupted(good, 3, **change), load_format="flattened_bucket")
+        assert same(weights(engine), before)
 
 
 # ---- what is cached, and for how long --------------------------------------------------------

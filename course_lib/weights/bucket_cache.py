@@ -52,6 +52,7 @@ from __future__ import annotations
 import operator
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
@@ -70,6 +71,11 @@ VALIDATE_STEP = "ch05.validate_bucket"     # what the layout check stands in for
 COMMIT_STEP = registered.COMMIT_STEP       # what the copy table stands in for (CopyPlan.apply)
 
 _FIELDS = operator.attrgetter("name", "shape", "dtype", "start_idx", "end_idx", "numel")
+_SHAPE = operator.itemgetter(1)
+# The only types a key's fields may have. Equal keys must mean equal buckets to the
+# general path's checks, which refuse a bool or a numpy integer where an int belongs
+# (``bucket._check_fields``) although ``True == 1`` and ``np.int64(3) == 3`` as keys.
+_FIELD_TYPES = frozenset({str, torch.Size, torch.dtype, int})
 
 
 @dataclass
@@ -93,6 +99,7 @@ class BoundBucket:
 
     def __init__(self, layout: Layout, flat: torch.Tensor, table, mode: str):
         self.layout, self.table, self.mode = layout, table, mode
+        self.audited = False  # the caller audits the destinations' addresses once, before the first copy
         self.storage = flat.untyped_storage()  # held: the mapping stays open, the identity unique
         self.identity = storage_identity(flat)
         self.destinations = registered._DestinationCheck([(0, d) for d in table.destinations[0]])
@@ -196,11 +203,12 @@ class BucketCache:
             return None
         if set(map(type, metadata)) != {FlattenedTensorMetadata}:
             return None  # the general path names what is wrong
-        key = (flat.dtype, flat.numel(), tuple(map(_FIELDS, metadata)))
-        try:
-            layout = self.layouts.get(key)
-        except TypeError:  # an unhashable field (a list for a shape): no key, the general path
-            return None
+        entries = tuple(map(_FIELDS, metadata))
+        if not (set(map(type, chain.from_iterable(entries))) <= _FIELD_TYPES
+                and set(map(type, chain.from_iterable(map(_SHAPE, entries)))) <= {int}):
+            return None  # a shape that is no torch.Size of ints, a bool offset, ...: the general path
+        key = (flat.dtype, flat.numel(), entries)
+        layout = self.layouts.get(key)
         if layout is None:
             layout = self._validate(model, flat, metadata, key)
         else:
