@@ -12,6 +12,7 @@ from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold, plugged_commit
 from course_lib.weights import bucket, bucket_cache
+from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.bucket import FlattenedTensorMetadata
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import trainer
@@ -241,6 +242,11 @@ def test_a_rebound_weight_refuses_a_cached_bucket_and_clears_the_cache(ckpts):
         engine.update_weights_from_tensor(bucket.pack(tensors_of(a), out=out), load_format="flattened_bucket")
     assert same(weights(engine), before)
     assert cache_of(engine).num_buffers == 0 and not cache_of(engine).layouts
+    # Sent again: the table built afresh is audited before its first copy, and the rebind
+    # is the address audit's error (the engine stops serving), still before any write.
+    with pytest.raises(AddressMovedError, match=r"down_proj\.weight"):
+        engine.update_weights_from_tensor(bucket.pack(tensors_of(a), out=out), load_format="flattened_bucket")
+    assert same(weights(engine), before) and not engine.health()["healthy"]
 
 
 def test_a_cached_layout_is_never_matched_by_fields_the_general_check_refuses(ckpts):

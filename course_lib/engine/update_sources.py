@@ -260,7 +260,7 @@ class TensorSource(UpdateSource):
             timer.lap("deserialize")
             self.bound = cache.lookup(updater.model, payload)  # refuses a bad bucket (UpdateError)
         if self.bound is not None:
-            return self.validate_bound(cache, timer)
+            return self.validate_bound(updater, cache, timer)
         self.tensors = named_tensors_of(payload, self.load_format)
         if self.tensors and self.tensors[0][1].is_cuda:
             updater.transfers.keep_ipc_buffer(self.tensors[0][1])
@@ -276,7 +276,7 @@ class TensorSource(UpdateSource):
         timer.lap("validate")
         return ValidatedUpdate(self, nbytes, f"updated {len(self.tensors)} tensors", timer)
 
-    def validate_bound(self, cache, timer: PhaseTimer) -> ValidatedUpdate:
+    def validate_bound(self, updater: "Updater", cache, timer: PhaseTimer) -> ValidatedUpdate:
         """A cached bucket: its destinations still where its table found them, and its
         values finite where asked, before anything is written."""
         bound = self.bound
@@ -285,6 +285,9 @@ class TensorSource(UpdateSource):
             cache.clear()
             raise UpdateError(f"{moved} no longer lives where the bucket's copy table found it: the weights "
                               f"were rebound (updates must copy in place); nothing was written")
+        if not bound.audited:  # a new table: its destinations are where the kernels read (else unhealthy)
+            updater.verify_addresses(written_parameters(updater.model, ((n, None) for n in bound.names)))
+            bound.audited = True
         if self.refuse_non_finite:
             bound.check_finite()
         timer.lap("validate")
