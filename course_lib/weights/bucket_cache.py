@@ -35,10 +35,16 @@ Before every copy each destination parameter is checked to be where the table fo
 the cache is dropped), and with ``check_finite`` the bucket's tensors are checked for
 NaN and inf in one grouped reduction per dtype.
 
-Bounds: at most ``MAX_BUFFERS`` trainer buffers stay mapped (least recently used dropped
-first), and at resume (``release``) those not used since the previous resume are dropped
-too, so a buffer the trainer stopped sending (a one-off bucket for a tensor larger than
-its buffers) is never held for more than one step. ``MAX_LAYOUTS`` layouts are kept.
+What a mapping costs the trainer: CUDA IPC memory the engine still maps is not returned
+to the trainer's allocator when the trainer frees it (torch keeps it until the engine lets
+go), so only buffers the trainer keeps anyway should stay mapped. Hence the bounds: at most
+``MAX_BUFFERS`` buffers are mapped at a time (least recently used dropped first, as the
+general path's keep-alive does), and at resume (``release``) a buffer stays mapped only if
+it was used in the step that ends and has carried more than one bucket since it was
+mapped: the buffers a trainer packs into step after step stay; one it sent once (a tensor
+larger than its buffers, or a trainer that allocates every bucket afresh) goes back to the
+trainer before it trains again. At most ``MAX_LAYOUTS`` layouts, and tables per buffer,
+are kept.
 
 Where the fast path does not apply the general path runs, unchanged: a quantized engine
 or a tensor-parallel rank (no copy plan), a bucket on another device, SGLang's element
@@ -65,7 +71,7 @@ from course_lib.weights.copy_plan import CopyPlan
 from course_lib.weights.update import UpdateError, copy_in_place, validate_tensors
 
 MAX_BUFFERS = 4     # trainer buffers kept mapped (a trainer uses two in turn)
-MAX_LAYOUTS = 256   # validated layouts kept (one per bucket of a step, for the steps' few shapes)
+MAX_LAYOUTS = 4096  # validated layouts kept, and tables per buffer (a step's buckets, several times over)
 
 VALIDATE_STEP = "ch05.validate_bucket"     # what the layout check stands in for (bucket.validate)
 COMMIT_STEP = registered.COMMIT_STEP       # what the copy table stands in for (CopyPlan.apply)
@@ -172,6 +178,7 @@ class BucketCache:
         self.layouts: OrderedDict[tuple, Layout] = OrderedDict()
         self.buffers: OrderedDict[tuple, dict] = OrderedDict()  # storage identity -> {layout key: BoundBucket}
         self.used: set[tuple] = set()                            # buffers used since the last release
+        self.uses: dict[tuple, int] = {}                         # buckets each buffer carried since mapped
         self.stats = {"layouts_validated": 0, "layout_hits": 0, "tables_built": 0, "table_hits": 0,
                       "buffers_dropped": 0}
 
@@ -227,6 +234,7 @@ class BucketCache:
             if bound is None:
                 return None
         self.used.add(identity)
+        self.uses[identity] += 1
         return bound
 
     def _validate(self, model, flat, metadata, key) -> Layout:
@@ -267,7 +275,10 @@ class BucketCache:
             while len(self.buffers) >= self.max_buffers:
                 self._drop(next(iter(self.buffers)))
             tables = self.buffers[identity] = {}
+            self.uses[identity] = 0
         self.buffers.move_to_end(identity)
+        if len(tables) >= self.max_layouts:
+            tables.pop(next(iter(tables)))
         tables[layout.key] = bound
         self.stats["tables_built"] += 1
         return bound
@@ -276,12 +287,13 @@ class BucketCache:
     def _drop(self, identity) -> None:
         self.buffers.pop(identity, None)
         self.used.discard(identity)
+        self.uses.pop(identity, None)
         self.stats["buffers_dropped"] += 1
 
     def release(self) -> None:
-        """At resume: unmap the buffers not used since the previous resume (the ones the
-        trainer uses every step stay mapped, and their tables built)."""
-        for identity in [i for i in self.buffers if i not in self.used]:
+        """At resume: unmap every buffer but those used in the step that ends which have
+        carried more than one bucket (the trainer's reused buffers keep their tables)."""
+        for identity in [i for i in self.buffers if i not in self.used or self.uses[i] < 2]:
             self._drop(identity)
         self.used.clear()
 
