@@ -8,10 +8,16 @@ Measured in one run, on the same checkpoint:
   host-to-device from pinned and from pageable memory (GPU);
 - a plain per-tensor ``param.copy_(src)`` loop from tensors already on the device (what a
   naive in-process update does);
-- IPC: a separate trainer process hands over flattened buckets (CUDA IPC handles on GPU,
-  shared memory on CPU) twice through the same buffers, as a trainer does step after
-  step; engine-side time (the ``update_weights_from_tensor`` calls) and end to end
-  (including the trainer packing each bucket), for the second round and the first;
+- SGLang-style buckets: a separate trainer process hands over flattened buckets (CUDA IPC
+  handles on GPU, shared memory on CPU) through ``update_weights_from_tensor``, three
+  steps through the same two buffers (the engine resumes and pauses again between steps,
+  as it does between a trainer's steps); engine-side time (the calls) with its phases
+  (deserialize, validate, copy, audit) and end to end (including the trainer packing each
+  bucket), for the last step and the first (which opens each handle and validates each
+  layout); then the same with the engine's bucket cache switched off (the general path:
+  every bucket unpacked, checked and copied tensor by tensor);
+- registered buffers (the same trainer, registering once, then sending bucket numbers),
+  so the two ways a trainer can push its weights stand side by side;
 - disk: ``update_weights_from_disk`` from a page-cached checkpoint, layer by layer and
   with full staging;
 - transformers' ``model.load_state_dict(load_file(...))`` on the same files, when
@@ -104,28 +110,37 @@ def take_round(item, payloads, acks, apply) -> dict:
             "end_to_end_gbps": nbytes / (time.perf_counter() - t_start) / 1e9, "engine_ms_by_phase": phases}
 
 
-def ipc_update(engine: Engine, path, bucket_bytes: int, rounds: int = 2) -> dict:
+def ipc_update(engine: Engine, path, bucket_bytes: int, rounds: int = 3, cache: bool = True) -> dict:
     """A trainer process pushes the checkpoint ``rounds`` times through the same two
-    buffers; returns engine-side and end-to-end GB/s of the last round (the steady state
-    of a trainer that updates every step) and of the first (which also opens each IPC
-    handle and builds the engine's copy plan)."""
+    buffers as SGLang-style flattened buckets, the engine resuming and pausing again
+    between rounds (a trainer's steps); returns engine-side and end-to-end GB/s and the
+    engine's phases of the last round (the steady state of a trainer that updates every
+    step) and of the first (which also opens each IPC handle, validates each layout and
+    builds its copy table). ``cache=False``: the engine's bucket cache switched off, every
+    bucket through the general path."""
     ctx = mp.get_context("spawn")
     payloads, acks = ctx.Queue(), ctx.Queue()
     child = ctx.Process(target=trainer.push_ipc,
                         args=(path, payloads, acks, bucket_bytes, engine.config.device, 2, rounds))
     child.start()
-    engine.pause_generation("abort")
+    buckets = engine.updater.transfers.buckets
+    buckets.enabled, before = cache, dict(buckets.stats)
     per_round = []
-    item = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
-    for _ in range(rounds):
-        per_round.append(take_round(item, payloads, acks, lambda payload: engine.update_weights_from_tensor(
-            payload, load_format="flattened_bucket", flush_cache=False)))
-        if len(per_round) < rounds:
-            item = payloads.get(timeout=600)  # the next round's first bucket
-    trainer.wait_for_exit(child, 600)
-    engine.flush_cache()
-    engine.continue_generation()
-    return {**per_round[-1], "rounds": rounds, "first_round": per_round[0]}
+    try:
+        item = payloads.get(timeout=600)  # the trainer has loaded its weights and packed bucket 0
+        for _ in range(rounds):
+            engine.pause_generation("abort")
+            per_round.append(take_round(item, payloads, acks, lambda payload: engine.update_weights_from_tensor(
+                payload, load_format="flattened_bucket", flush_cache=False)))
+            engine.flush_cache()
+            engine.continue_generation()  # between steps (on a GPU: unmaps buffers the step did not use)
+            if len(per_round) < rounds:
+                item = payloads.get(timeout=600)  # the next round's first bucket
+        trainer.wait_for_exit(child, 600)
+    finally:
+        buckets.enabled = True
+    stats = {k: v - before.get(k, 0) for k, v in buckets.stats.items()}
+    return {**per_round[-1], "rounds": rounds, "cache": cache, "cache_stats": stats, "first_round": per_round[0]}
 
 
 def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, rounds: int = 2,
@@ -243,6 +258,7 @@ def main(argv=None) -> dict:
         steps.update()
         if "ipc" in args.parts:
             res["ipc"] = ipc_update(engine, b, args.bucket_mb << 20)
+            res["ipc_general"] = ipc_update(engine, b, args.bucket_mb << 20, cache=False)
         if "registered" in args.parts:
             res["registered"] = registered_update(engine, b, args.bucket_mb << 20, resident=False)
             res["registered_resident"] = registered_update(engine, a, args.bucket_mb << 20, resident=True,
@@ -282,8 +298,14 @@ def report(r: dict) -> None:
     rows = []
     if "per_tensor_copy_gbps" in r:
         rows.append(("per-tensor copy_ loop", r["per_tensor_copy_gbps"], copy, "copy"))
-    for key, label in (("ipc", "IPC buckets"), ("registered", "registered, 2 buffers"),
-                       ("registered_resident", "registered, resident")):
+    if "ipc" in r:
+        rows += [("SGLang-style buckets, engine side", r["ipc"]["engine_gbps"], copy, "copy"),
+                 ("SGLang-style buckets, end to end", r["ipc"]["end_to_end_gbps"], copy, "copy"),
+                 ("SGLang-style buckets, first step, engine side", r["ipc"]["first_round"]["engine_gbps"], copy,
+                  "copy")]
+    if "ipc_general" in r:
+        rows.append(("SGLang-style buckets, no cache, engine side", r["ipc_general"]["engine_gbps"], copy, "copy"))
+    for key, label in (("registered", "registered, 2 buffers"), ("registered_resident", "registered, resident")):
         if key in r:
             rows += [(f"{label}, engine side", r[key]["engine_gbps"], copy, "copy"),
                      (f"{label}, end to end", r[key]["end_to_end_gbps"], copy, "copy")]
@@ -300,11 +322,19 @@ def report(r: dict) -> None:
                          r[f"disk_{staging}"]["gbps"], h2d, "pinned H2D"))
     for name, gbps, denom, base in rows:
         ratio = f"{gbps / denom:6.0%} of {base}" if denom else ""
-        print(f"  {name:<44} {gbps:8.1f} GB/s  {ratio}")
-    for key in ("ipc", "registered", "registered_resident"):
+        print(f"  {name:<46} {gbps:8.1f} GB/s  {ratio}")
+    for key in ("ipc", "ipc_general", "registered", "registered_resident"):
         if key in r:
             print(f"  {key} engine-side ms by phase: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in r[key]["engine_ms_by_phase"].items()))
+    if "ipc" in r:
+        stats = r["ipc"]["cache_stats"]
+        print(f"  SGLang-style buckets over {r['ipc']['rounds']} steps: {stats['layouts_validated']} layouts "
+              f"validated, {stats['layout_hits']} found again; {stats['tables_built']} copy tables built, "
+              f"{stats['table_hits']} found again")
+        if "registered" in r:
+            print(f"  SGLang-style buckets / registered (2 buffers), engine side: "
+                  f"{r['ipc']['engine_gbps'] / r['registered']['engine_gbps']:.2f}")
     if r.get("transformers_gbps") and "disk_layer" in r:
         print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
               f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")

@@ -1,11 +1,14 @@
 """What transports keep between updates: weight-update groups, registered buffers, and the
-CUDA IPC buffers a trainer recently handed over.
+buffers a trainer recently handed over in flattened buckets.
 
 ``Transfers`` holds that state for the ``Updater``; it writes no weight. The groups are
 ``torch.distributed`` groups a trainer broadcasts on (``init_weights_update_group``); the
 ``Registration`` is a trainer's reusable buffers and layout, validated once
-(``weights/registered.py``); the IPC keep-alive maps the last few received buffers so a
-trainer that reuses its buffers costs one handle opening per buffer, not one per bucket.
+(``weights/registered.py``). Flattened buckets: ``buckets`` (``weights/bucket_cache.py``)
+keeps each bucket layout validated once and, per trainer buffer, the copy table built for
+it, holding the buffer mapped, so a trainer that reuses its buffers step after step costs
+one handle opening per buffer, not one per bucket or per step; the IPC keep-alive maps the
+last few buffers of buckets that take the general path.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 
 from course_lib.engine.records import Registration
 from course_lib.weights import registered, safe_pickle
+from course_lib.weights.bucket_cache import BucketCache
 from course_lib.weights.transports import dist as dist_transport
 from course_lib.weights.update import UpdateError
 
@@ -28,14 +32,17 @@ class Transfers:
         self.groups: dict = {}                              # name -> (group, store)
         self.registration = Registration()                  # epoch 0: nothing registered
         self.ipc_keepalive = collections.deque(maxlen=4)    # recently received CUDA IPC storages
+        self.buckets = BucketCache(device)                  # flattened-bucket layouts and copy tables
 
     # ---- CUDA IPC buffers -------------------------------------------------------------------
     def keep_ipc_buffer(self, tensor: torch.Tensor) -> None:
         self.ipc_keepalive.append(tensor.untyped_storage())
 
     def release(self) -> None:
-        """Unmap the trainer's buffers (at resume, on a GPU)."""
+        """At resume, on a GPU: unmap the general path's buffers, and the cached buffers the
+        trainer did not use since the previous resume (those it reuses stay mapped)."""
         self.ipc_keepalive.clear()
+        self.buckets.release()
 
     # ---- weight-update groups ---------------------------------------------------------------
     def group(self, group_name: str):

@@ -80,6 +80,12 @@ def receive_even_if_refused(check: Callable[[], object], receive: Callable[[str 
 
 def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) -> list[tuple[str, torch.Tensor]]:
     """Turn whatever ``update_weights_from_tensor`` was given into (name, tensor) pairs."""
+    return named_tensors_of(deserialize_tensor_payload(payload, load_format, tp_rank), load_format)
+
+
+def deserialize_tensor_payload(payload, load_format: str | None, tp_rank: int = 0):
+    """This rank's payload, unpickled through the allowlist where it is serialized (the
+    bucket or the pairs themselves, not yet checked)."""
     if load_format not in (None, "flattened_bucket", "direct"):
         raise UpdateError(f"unknown load_format {load_format!r}; expected None or 'flattened_bucket'")
     if isinstance(payload, list) and payload and all(isinstance(p, (str, bytes)) for p in payload):
@@ -88,6 +94,12 @@ def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) ->
         payload = payload[tp_rank]
     if isinstance(payload, (str, bytes)):
         payload = safe_pickle.deserialize(payload)  # raises UnsafePickleError (a ValueError)
+    return payload
+
+
+def named_tensors_of(payload, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs from a deserialized payload: a bucket unpacked (validated
+    first), or pairs and dicts checked to be pairs."""
     if load_format == "flattened_bucket":
         try:
             return bucket.unpack(payload)
@@ -228,14 +240,28 @@ class DiskSource(UpdateSource):
 @dataclass
 class TensorSource(UpdateSource):
     """Tensors handed over in memory (pairs, a dict, a flattened bucket, or serialized).
-    ``validate`` returns None for an empty chunk."""
+    ``validate`` returns None for an empty chunk.
+
+    A flattened bucket whose layout was validated before, in a buffer seen before, takes
+    the fast path (``weights/bucket_cache.py``): one lookup stands for the checks, and
+    ``write`` makes one copy from the registered path's copy table; any other bucket is
+    validated and then cached the same way, or, where the fast path does not apply,
+    unpacked and written as pairs."""
     payload: object
     load_format: str | None = None
     refuse_non_finite: bool = False
 
     def validate(self, updater: "Updater") -> ValidatedUpdate | None:
         timer = PhaseTimer()
-        self.tensors = decode_tensor_payload(self.payload, self.load_format, tp_rank=updater.config.tp_rank)
+        payload = deserialize_tensor_payload(self.payload, self.load_format, tp_rank=updater.config.tp_rank)
+        self.bound = None
+        cache = updater.transfers.buckets
+        if self.load_format == "flattened_bucket" and cache.applies(updater.model, updater.commit):
+            timer.lap("deserialize")
+            self.bound = cache.lookup(updater.model, payload)  # refuses a bad bucket (UpdateError)
+        if self.bound is not None:
+            return self.validate_bound(updater, cache, timer)
+        self.tensors = named_tensors_of(payload, self.load_format)
         if self.tensors and self.tensors[0][1].is_cuda:
             updater.transfers.keep_ipc_buffer(self.tensors[0][1])
         timer.lap("deserialize")
@@ -250,8 +276,41 @@ class TensorSource(UpdateSource):
         timer.lap("validate")
         return ValidatedUpdate(self, nbytes, f"updated {len(self.tensors)} tensors", timer)
 
+    def validate_bound(self, updater: "Updater", cache, timer: PhaseTimer) -> ValidatedUpdate:
+        """A cached bucket: its destinations still where its table found them, and its
+        values finite where asked, before anything is written."""
+        bound = self.bound
+        moved = bound.moved_destination()
+        if moved is not None:  # the table would write memory no kernel reads: check everything afresh
+            cache.clear()
+            raise UpdateError(f"{moved} no longer lives where the bucket's copy table found it: the weights "
+                              f"were rebound (updates must copy in place); nothing was written")
+        if not bound.audited:  # a new table: its destinations are where the kernels read (else unhealthy)
+            updater.verify_addresses(written_parameters(updater.model, ((n, None) for n in bound.names)))
+            bound.audited = True
+        if self.refuse_non_finite:
+            bound.check_finite()
+        timer.lap("validate")
+        return ValidatedUpdate(self, bound.nbytes, f"updated {len(bound.names)} tensors", timer)
+
     def write(self, updater: "Updater", timer: PhaseTimer) -> Applied:
-        return write_tensors(updater, self.tensors, True, timer)
+        if self.bound is None:
+            return write_tensors(updater, self.tensors, True, timer)
+        # As a registered bucket (RegisteredSource.write): launch the one copy, check the
+        # destinations again while it runs, then wait: the trainer reuses the buffer next.
+        self.bound.copy()
+        timer.lap("copy")  # all of it on the CPU; on a GPU the launch, the wait comes below
+        moved = self.bound.moved_destination()
+        if moved is not None:  # cannot happen unless a copy rebinds: say so loudly
+            updater.unhealthy = f"{moved} moved while a flattened bucket was copied into it"
+            raise UpdateError(updater.unhealthy)
+        timer.lap("audit")
+        if updater.config.is_cuda:
+            torch.cuda.current_stream(updater.config.device).synchronize()
+        timer.lap("copy")
+        # The check above audits these parameters (identity, stride included, with the
+        # storages held by the table); the full address audit runs when generation resumes.
+        return Applied(AUDIT_NONE)
 
 
 @dataclass
