@@ -10,7 +10,9 @@
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
 #   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s at ~1.7B (FastAPI wheels: scripts/server_wheels.sh)
-#   bash scripts/gpu_check.sh mutate   the GPU race cases, then judge.py mutate on every chapter (3 per region)
+#   bash scripts/gpu_check.sh mutate   the GPU race cases, then judge.py mutate on every chapter (3 per region;
+#                                      CHAPTERS="ch03 ch05" for some only)
+#   bash scripts/gpu_check.sh buckets  the bucket fast path's CUDA tests and the bucket-vs-registered update bench
 # Packages the GPU machine lacks (FastAPI for chapter 07, hypothesis for the differential
 # cases) are installed from .whl/ when it is there (scripts/server_wheels.sh fills it).
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
@@ -25,9 +27,17 @@ status=0
 if [ -d .whl ] && ! python -c "import hypothesis, fastapi" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
 fi
+if [ "${1:-}" = "buckets" ]; then
+    python -m pytest -m cuda -p no:cacheprovider -q -rA tests/test_bucket_fastpath.py tests/test_registered.py \
+        tests/test_cuda_updates.py 2>&1 | tee "$out/pytest_cuda_buckets.log" || status=1
+    python -m course_lib.bench update --preset qwen3-1.7b --bucket-mb 512 --parts ipc registered \
+        --json "$out/update_buckets_qwen3-1.7b.json" 2>&1 | grep -v "it/s]" | tee "$out/update_buckets_qwen3-1.7b.log" || status=1
+    exit $status
+fi
 if [ "${1:-}" = "mutate" ]; then
-    python practice/judge.py check ch05.ipc_sender ch09.host_snapshot 2>&1 | tee "$out/judge_check_races.log" || status=1
-    for ch in $(ls practice/chapters | grep '^ch[0-9][0-9]$'); do
+    python practice/judge.py check --jobs 4 ch05.ipc_sender ch05.pack_bucket ch09.host_snapshot ch03.layerwise_buffer 2>&1 \
+        | tee "$out/judge_check_races.log" || status=1
+    for ch in ${CHAPTERS:-$(ls practice/chapters | grep '^ch[0-9][0-9]$')}; do
         python practice/judge.py mutate "$ch" --per-region "${PER_REGION:-3}" --jobs "${JOBS:-12}" --json 2>/dev/null \
             | python -c "import json,sys; d=json.load(sys.stdin); open('$out/mutate.jsonl','a').write(json.dumps(d)+'\n'); print('$ch', 'killed', d['killed'], 'of', len(d['mutants']), 'survived', d['survived'], 'not graded here', d['not_graded_here'])" \
             | tee -a "$out/mutate_summary.txt" || status=1

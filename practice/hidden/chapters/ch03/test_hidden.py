@@ -553,3 +553,26 @@ def test_layerwise_refusals_change_nothing_and_a_nan_layer_is_not_written(rng, t
     with pytest.raises(UpdateError):
         reload.feed(names[-1], poisoned)
     assert not _changed_layers(engine.model, start), f"seed {SEED}: a layer with NaN in it was written"
+
+
+@LAYERWISE
+@pytest.mark.cuda
+def test_layerwise_holds_host_tensors_on_the_engine_device(rng, tmp_path):
+    """Tensors read on the host wait on the engine's device (moved on arrival), so a layer
+    is written from device memory: the held buffers of an incomplete layer are on the GPU."""
+    config = _config(rng)
+    seed_a, seed_b = _seeds(rng, 2)
+    a = write_checkpoint(tmp_path / "a", config, random_state_dict(config, seed_a))
+    b = write_checkpoint(tmp_path / "b", config, random_state_dict(config, seed_b))
+    engine = Engine(a, device="cuda")
+    new = dict(CheckpointReader(b).iter_tensors())
+    groups = {}
+    for name in new:
+        groups.setdefault(layer_key(name), []).append(name)
+    key = next(k for k, v in groups.items() if len(v) > 1)
+    reload = LayerwiseReload(engine.model, list(new), "cuda")
+    reload.feed(groups[key][0], new[groups[key][0]].clone())  # on the host, its layer incomplete
+    held = [t for _, t in reload.buffers.get(key, [])]
+    assert held and all(t.is_cuda for t in held), (
+        f"seed {SEED}: a host tensor of the incomplete layer {key} is held on {[str(t.device) for t in held]}, "
+        f"not on the engine's device (cuda): see the exercise on the layer-by-layer buffer")

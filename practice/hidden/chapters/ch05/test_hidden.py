@@ -479,16 +479,42 @@ def test_the_bytes_are_in_the_buffer_when_the_payload_is_handed_over(rng):
     for round_ in range(2):  # the second round reuses the buffers: stale bytes are the old ones
         busy_gpu()
         for receipt, payload in sender.payloads(pairs):
-            packed = safe_pickle.deserialize(payload)
-            with torch.cuda.stream(side):  # read as the engine would: not ordered after the sender's stream
-                views = [(n, t.to("cpu")) for n, t in bucket.unpack(packed)]
+            # The buffer the payload's handle names (opening one's own CUDA IPC handle is
+            # refused, so the test reads the sender's buffer directly), read on a side stream.
+            buf = sender._oversize[receipt]["flattened_tensor"] if receipt in sender._oversize else \
+                sender._buffers[sender._in_use[receipt]]
+            expected = raw(bucket.pack([(n, t) for n, t in want])["flattened_tensor"])
+            with torch.cuda.stream(side):  # as the engine reads: not ordered after the sender's stream
+                got = buf.reshape(-1).view(torch.uint8)[:expected.numel()].to("cpu")
             side.synchronize()
-            got = dict(views)
-            for name, t in want:
-                assert name in got and torch.equal(raw(got[name]), raw(t)), (
-                    f"{seed}: round {round_}, bucket {receipt}: read on another stream right after the payload was "
-                    f"handed over, {name} does not hold its bytes yet: the packing was still queued behind other "
-                    f"work on the sender's stream (see the exercise on the IPC sender: synchronization)")
+            assert torch.equal(got, expected), (
+                f"{seed}: round {round_}, bucket {receipt}: read on another stream right after the payload was "
+                f"handed over, the buffer does not hold the bucket's bytes yet: the packing was still queued "
+                f"behind other work on the sender's stream (see the exercise on the IPC sender: synchronization)")
             sender.release(receipt)
         pairs = [(n, t + 1 if t.dtype.is_floating_point else t ^ 1 if t.dtype != torch.bool else ~t) for n, t in pairs]
         want = [(n, t.cpu()) for n, t in pairs]
+
+
+@PACK
+def test_a_buffer_exactly_the_bucket_size_is_returned_itself(rng):
+    r, seed = rng
+    pairs = [p for p in random_pairs(r) if p[1].numel()] or [("x", torch.ones(3))]
+    _, need = expected_layout(pairs)
+    out = torch.empty(need, dtype=torch.uint8)
+    got = bucket.pack(pairs, out=out)
+    assert got["flattened_tensor"] is out, (f"{seed}: a buffer of exactly {need} bytes is returned itself as "
+                                            f"flattened_tensor, not a view of it (see pack's contract)")
+
+
+@PACK
+@pytest.mark.cuda
+def test_without_a_device_the_bucket_is_made_on_the_first_tensors_device(rng):
+    r, seed = rng
+    pairs = [p for p in random_pairs(r) if p[1].numel()] or [("x", torch.ones(3))]
+    for first in ("cuda", "cpu"):
+        other = "cpu" if first == "cuda" else "cuda"
+        mixed = [(n, t.to(first if i == 0 else other)) for i, (n, t) in enumerate(pairs)] + [("z", torch.ones(2, device=other))]
+        got = bucket.pack(mixed)["flattened_tensor"]
+        assert got.device.type == first, (f"{seed}: no device given and the first tensor on {first}: the bucket "
+                                          f"is made on {first}, not {got.device} (see pack's contract)")
