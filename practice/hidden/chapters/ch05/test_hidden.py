@@ -6,6 +6,7 @@ message). Expected layouts are computed here from the rules, never read back fro
 code under test; the sender is checked by decoding its payloads here, holding them as an
 engine does until it acknowledges them, and reading them again just before the release.
 """
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -483,13 +484,15 @@ def test_the_bytes_are_in_the_buffer_when_the_payload_is_handed_over(rng):
             # refused, so the test reads the sender's buffer directly), read on a side stream.
             buf = sender._oversize[receipt]["flattened_tensor"] if receipt in sender._oversize else \
                 sender._buffers[sender._in_use[receipt]]
-            expected = raw(bucket.pack([(n, t) for n, t in want])["flattened_tensor"])
+            layout, need = expected_layout(want)
             with torch.cuda.stream(side):  # as the engine reads: not ordered after the sender's stream
-                got = buf.reshape(-1).view(torch.uint8)[:expected.numel()].to("cpu")
+                got = buf.reshape(-1).view(torch.uint8)[:need].to("cpu")
             side.synchronize()
-            assert torch.equal(got, expected), (
+            # Each tensor's bytes (the padding between tensors is never written, so not compared).
+            late = [name for (name, _, _, start, end, _), (_, t) in zip(layout, want) if not torch.equal(got[start:end], raw(t))]
+            assert not late, (
                 f"{seed}: round {round_}, bucket {receipt}: read on another stream right after the payload was "
-                f"handed over, the buffer does not hold the bucket's bytes yet: the packing was still queued "
+                f"handed over, the buffer does not hold {late[0]}'s bytes yet: the packing was still queued "
                 f"behind other work on the sender's stream (see the exercise on the IPC sender: synchronization)")
             sender.release(receipt)
         pairs = [(n, t + 1 if t.dtype.is_floating_point else t ^ 1 if t.dtype != torch.bool else ~t) for n, t in pairs]
@@ -518,3 +521,28 @@ def test_without_a_device_the_bucket_is_made_on_the_first_tensors_device(rng):
         got = bucket.pack(mixed)["flattened_tensor"]
         assert got.device.type == first, (f"{seed}: no device given and the first tensor on {first}: the bucket "
                                           f"is made on {first}, not {got.device} (see pack's contract)")
+
+
+@VALIDATE
+def test_sglang_element_layout_refuses_a_span_that_is_not_numel(rng):
+    """SGLang's layout: ``flat`` of the tensors' own dtype, offsets in elements; a byte
+    bucket's uint8 entries count the same way."""
+    r, seed = rng
+    for flat_dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        shapes = [tuple(r.randint(1, 6) for _ in range(r.randint(1, 3))) for _ in range(r.randint(2, 5))]
+        metas, start = [], 0
+        for i, shape in enumerate(shapes):
+            numel = math.prod(shape)
+            metas.append(FlattenedTensorMetadata(f"w{i}", torch.Size(shape), flat_dtype, start, start + numel, numel))
+            start += numel
+        flat = torch.zeros(start + 4, dtype=flat_dtype)
+        bucket.validate(flat, metas)  # the good bucket passes
+        i = r.randrange(len(metas))
+        for delta in (-1, 1):
+            bad = list(metas)
+            m = bad[i]
+            bad[i] = FlattenedTensorMetadata(m.name, m.shape, m.dtype, m.start_idx, m.end_idx + delta, m.numel)
+            with pytest.raises(BucketError):
+                bucket.validate(flat, bad)
+                pytest.fail(f"{seed}: a {flat_dtype} bucket whose entry {m.name} spans {m.end_idx + delta - m.start_idx} "
+                            f"elements for numel {m.numel} must be refused (offsets in elements of flat)")
