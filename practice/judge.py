@@ -6,6 +6,8 @@
     python practice/judge.py start inplace-requant          # copy the starter to practice/workspace/
     python practice/judge.py test inplace-requant           # grade your workspace copy
     python practice/judge.py bench fast-bucket-update       # a speed problem: your figure beside the reference's
+    python practice/judge.py speed ch04                     # a chapter's speed part on this GPU beside the reference's
+    python practice/judge.py board RESULTS/                 # instructors: the class leaderboard of the speed parts
     python practice/judge.py check                          # maintainers: references pass, starters and wrong answers fail
     python practice/judge.py check ch01.block_hash inplace-requant   # the same for some exercises or problems only
     python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/{course_lib/,<slug>.py}
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the judging package 
 from judging import chapters, gradebook, problems, regions, report  # noqa: E402
 from judging.bench import bench, has_bench  # noqa: E402
 from judging.chapter_run import exercise_results, run_chapter  # noqa: E402
-from judging.checks import chapter_checks, run_checks  # noqa: E402
+from judging.checks import chapter_checks, run_checks, variant_root  # noqa: E402
 from judging.release import release  # noqa: E402
 from judging.run import run  # noqa: E402
 
@@ -209,8 +211,10 @@ def cmd_grade(args) -> int:
             raise UsageError(f"--only: no chapter or problem {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         all_problems = [p for p in all_problems if p.slug in args.only]
         all_chapters = [c for c in all_chapters if c.id in args.only]
-    scores, cases = gradebook.grade(submissions, all_problems, all_chapters, timeout=args.timeout, progress=say)
-    paths = gradebook.write(scores, cases, Path(args.out))
+    speeds = [] if args.speed else None
+    scores, cases = gradebook.grade(submissions, all_problems, all_chapters, timeout=args.timeout, progress=say,
+                                    speeds=speeds)
+    paths = gradebook.write(scores, cases, Path(args.out), speeds)
     sums = gradebook.totals(scores)
     if args.json:
         print(json.dumps({"totals": sums, "scores": scores, "cases": cases}, indent=1))
@@ -220,6 +224,44 @@ def cmd_grade(args) -> int:
         print("wrote " + ", ".join(str(p) for p in paths))
     # A learner's failures are grades, not errors; 3 says some cases could not run here.
     return 0 if all(t["complete"] for t in sums.values()) else 3
+
+
+def cmd_speed(args) -> int:
+    from judging import speed
+
+    all_chapters = {ch.id: ch for ch in chapters.all_chapters()}
+    names = args.names or [c for c, ch in all_chapters.items() if ch.speed]
+    unknown = [n for n in names if n not in all_chapters or not all_chapters[n].speed]
+    if unknown:
+        raise UsageError(f"no speed part in {', '.join(unknown)} (chapters with one: "
+                         f"{', '.join(c for c, ch in all_chapters.items() if ch.speed)})")
+    root, made = Path(args.root).resolve(), None
+    if args.file:  # a body for the speed part, put into a copy of this course (as check does)
+        if len(names) != 1:
+            raise UsageError("--file needs exactly one chapter")
+        made = root = variant_root(REPO, all_chapters[names[0]].speed["exercise"], Path(args.file).read_text("utf-8"))
+    try:
+        records = [speed.measure(all_chapters[n], root) for n in names]
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    if args.json:
+        print(json.dumps(records, indent=1))
+    else:
+        for rec in records:
+            print(speed.line(rec))
+    return 3 if any(r["status"] == "not measured here" for r in records) else 0
+
+
+def cmd_board(args) -> int:
+    from judging import speed
+
+    books = sorted(Path(args.results).rglob("gradebook.json"))
+    if not books:
+        raise UsageError(f"no gradebook.json under {args.results} (write one with `judge.py grade --speed`)")
+    records = [r for b in books for r in json.loads(b.read_text(encoding="utf-8")).get("speed", [])]
+    print(speed.board(records))
+    return 0
 
 
 def cmd_release(args) -> int:
@@ -294,6 +336,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("submissions")
     p.add_argument("--out", default=".", help="where gradebook.csv and gradebook.json go (default: here)")
     p.add_argument("--only", nargs="+", metavar="ITEM", help="grade only these chapters (chNN) and problems")
+    p.add_argument("--speed", action="store_true", help="also measure each chapter's speed part (GPU; a separate "
+                                                        "score in speed.csv and gradebook.json)")
+    p = sub.add_parser("speed", help="a chapter's 'make it fast' part on this GPU beside the reference's (ch03-ch05)")
+    p.add_argument("names", nargs="*", metavar="CHAPTER", help="chapters (default: every one with a speed part)")
+    p.add_argument("--root", default=str(REPO), help="the course whose course_lib is measured (default: this one)")
+    p.add_argument("--file", help="a body for the chapter's speed part, measured in a copy of this course")
+    p.add_argument("--json", action="store_true", help="machine-readable records on stdout")
+    p = sub.add_parser("board", help="instructors: a class leaderboard of the speed parts from gradebook.json files")
+    p.add_argument("results", help="a folder holding gradebook.json files (judge.py grade --speed)")
     p = sub.add_parser("release", help="copy the student edition of practice/ (no answers, no hidden tests)")
     p.add_argument("dest")
     p.add_argument("--force", action="store_true", help="replace dest if it is not empty")

@@ -502,3 +502,38 @@ def test_mutate_grades_one_line_mutants_of_a_region(tmp_path):
     assert len(result["mutants"]) == 2, result
     assert r.returncode == (1 if result["survived"] else 3 if result["not_graded_here"] else 0), r.stderr[-500:]
     assert result["killed"] + result["survived"] + result["not_graded_here"] == 2
+
+
+def test_the_speed_tier_is_not_measured_without_a_gpu_and_scores_only_what_is_possible():
+    """judge.py speed measures on a GPU only (exit 3 here, every part named); the scoring
+    refuses a wrong output and a figure beyond the device copy, and ranks the rest."""
+    from judging import speed
+    r = judge("speed")
+    assert r.returncode == 3, r.stderr[-500:]
+    assert all(f"{ex} speed" in r.stdout and "not measured here" in r.stdout
+               for ex in ("ch03.quantize_fp8", "ch04.copy_in_place", "ch05.ipc_sender")), r.stdout
+    assert judge("speed", "ch02").returncode == 2
+
+    def run(gbps, copy=100.0, correct=True):
+        return {"gbps": gbps, "copy_gbps": copy, "bytes": 1 << 30, "correct": correct, "why": "x"}
+    scored = speed.score([run(40), run(50)], [run(80), run(100)])
+    assert scored["status"] == "measured" and scored["vs_reference"] == 0.5 and scored["vs_copy"] == 0.5
+    assert speed.score([run(120)], [run(80)])["status"] == "refused"  # faster than copying the bytes
+    assert speed.score([run(50, correct=False)], [run(80)])["status"] == "refused"
+    records = [dict(scored, learner="ada", exercise="ch04.copy_in_place"),
+               dict(speed.score([run(90)], [run(100)]), learner="bo", exercise="ch04.copy_in_place"),
+               dict(status="not scored", why="fails its cases", learner="cy", exercise="ch04.copy_in_place")]
+    board = speed.board(records).splitlines()
+    assert board[0] == "ch04.copy_in_place"
+    assert "bo" in board[1] and "ada" in board[2] and "cy" in board[3] and "not scored" in board[3], board
+
+
+def test_board_reads_the_speed_records_of_gradebooks(tmp_path):
+    (tmp_path / "week3").mkdir()
+    book = {"totals": {}, "scores": [], "cases": [], "speed": [
+        {"learner": "ada", "exercise": "ch05.ipc_sender", "status": "measured", "vs_reference": 1.1,
+         "vs_copy": 0.4, "learner_gbps": 400.0}]}
+    (tmp_path / "week3" / "gradebook.json").write_text(json.dumps(book))
+    r = judge("board", tmp_path)
+    assert r.returncode == 0 and "ch05.ipc_sender" in r.stdout and "1.10x reference" in r.stdout, r.stdout
+    assert judge("board", tmp_path / "week3" / "nothing").returncode == 2

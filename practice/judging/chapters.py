@@ -55,6 +55,7 @@ class Chapter:
     # The notebook's warm-up cells (nbgrader solution cells outside course_lib): the learner
     # answers them in the notebook, whose own cell checks them; the judge does not grade them.
     warmups: tuple[str, ...] = ()
+    speed: dict | None = None  # the "make it fast" part: {"exercise": id, "scenario": "module:function"}
 
     @property
     def number(self) -> str:
@@ -129,7 +130,12 @@ def load(chapter_id: str, chapters_dir: Path = CHAPTERS) -> Chapter:
     warmups = meta.get("warmups", [])
     if not (isinstance(warmups, list) and all(isinstance(w, str) and w.isidentifier() for w in warmups)):
         raise ValueError(f"{where}: warmups must be a list of the notebook's warm-up function names, got {warmups!r}")
-    return Chapter(chapter_id, path, meta["title"], meta["notebook"], exercises, tuple(warmups))
+    speed = meta.get("speed")
+    if speed is not None and not (isinstance(speed, dict) and speed.get("exercise") in ids
+                                  and re.fullmatch(r"speed_scenarios:[a-z_]+", str(speed.get("scenario")))):
+        raise ValueError(f"{where}: speed must be {{\"exercise\": one of {ids}, \"scenario\": "
+                         f"\"speed_scenarios:<name>\"}}, got {speed!r}")
+    return Chapter(chapter_id, path, meta["title"], meta["notebook"], exercises, tuple(warmups), speed)
 
 
 def all_chapters(chapters_dir: Path = CHAPTERS) -> list[Chapter]:

@@ -52,8 +52,10 @@ def snapshot(submissions: Path, problems: list[Problem], staging: Path) -> dict[
 
 
 def grade(submissions: Path, problems: list[Problem], chapters: list[Chapter], *, timeout: float,
-          progress=print) -> tuple[list[dict], list[dict]]:
-    """(score rows: one per learner and exercise or problem, case rows: one per case)."""
+          progress=print, speeds: list | None = None) -> tuple[list[dict], list[dict]]:
+    """(score rows: one per learner and exercise or problem, case rows: one per case).
+    ``speeds``: when a list, each chapter's speed part is also measured (judging/speed.py)
+    and its record appended there: a separate score, never part of the points."""
     staging = Path(tempfile.mkdtemp(prefix="judge-class-"))
     try:
         taken = snapshot(submissions, problems, staging)
@@ -64,6 +66,8 @@ def grade(submissions: Path, problems: list[Problem], chapters: list[Chapter], *
         for who, sub in taken.items():
             for ch in chapters:
                 _grade_chapter(who, ch, sub["root"], timeout, scores, cases, progress)
+                if speeds is not None and ch.speed and sub["root"] is not None:
+                    speeds.append(_speed(who, ch, sub["root"], scores, progress))
             for problem in problems:
                 _grade_problem(who, problem, sub["files"][problem.slug], timeout, scores, cases, progress)
     finally:
@@ -85,6 +89,21 @@ def _grade_chapter(who, ch: Chapter, root, timeout, scores, cases, progress) -> 
                              ex["passed"], ex["failed"], ex["not_graded"], ex["message"]))
     progress(f"{who} / {ch.id}: {result.count('pass')}/{result.graded} graded cases passed"
              + (f", {result.count('not graded')} not graded (needs CUDA)" if result.count("not graded") else ""))
+
+
+def _speed(who, ch: Chapter, root, scores, progress) -> dict:
+    from judging import speed
+
+    passed = any(r["learner"] == who and r["exercise"] == ch.speed["exercise"] and r["status"] == "pass"
+                 for r in scores)
+    if not passed:  # only a correct part has a speed worth ranking
+        rec = dict(chapter=ch.id, exercise=ch.speed["exercise"], scenario=ch.speed["scenario"],
+                   status="not scored", why="the part does not pass its graded cases")
+    else:
+        rec = speed.measure(ch, Path(root))
+    rec["learner"] = who
+    progress(f"{who} / {speed.line(rec)}")
+    return rec
 
 
 def _grade_problem(who, problem: Problem, source, timeout, scores, cases, progress) -> None:
@@ -129,9 +148,14 @@ def totals(scores: list[dict]) -> dict[str, dict]:
     return out
 
 
-def write(scores: list[dict], cases: list[dict], out: Path) -> list[Path]:
+SPEED_FIELDS = ["learner", "exercise", "status", "vs_reference", "vs_copy", "learner_gbps", "reference_gbps",
+                "copy_gbps", "why"]
+
+
+def write(scores: list[dict], cases: list[dict], out: Path, speeds: list[dict] | None = None) -> list[Path]:
     """gradebook.csv (a row per learner and exercise or problem, then a TOTAL row per learner),
-    cases.csv (a row per case) and gradebook.json (all of it, with totals)."""
+    cases.csv (a row per case) and gradebook.json (all of it, with totals); with ``speeds``,
+    also speed.csv (a row per learner and speed part) and gradebook.json's "speed"."""
     out.mkdir(parents=True, exist_ok=True)
     sums = totals(scores)
     rows = []
@@ -147,6 +171,13 @@ def write(scores: list[dict], cases: list[dict], out: Path) -> list[Path]:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(data)
-    paths[2].write_text(json.dumps({"totals": sums, "scores": scores, "cases": cases}, indent=1) + "\n",
-                        encoding="utf-8")
+    book = {"totals": sums, "scores": scores, "cases": cases}
+    if speeds is not None:
+        book["speed"] = speeds
+        paths.append(out / "speed.csv")
+        with open(paths[-1], "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=SPEED_FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(speeds)
+    paths[2].write_text(json.dumps(book, indent=1) + "\n", encoding="utf-8")
     return paths

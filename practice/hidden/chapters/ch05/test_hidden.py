@@ -546,3 +546,37 @@ def test_sglang_element_layout_refuses_a_span_that_is_not_numel(rng):
                 bucket.validate(flat, bad)
                 pytest.fail(f"{seed}: a {flat_dtype} bucket whose entry {m.name} spans {m.end_idx + delta - m.start_idx} "
                             f"elements for numel {m.numel} must be refused (offsets in elements of flat)")
+
+
+@VALIDATE
+def test_a_payload_of_the_wrong_types_is_refused_as_a_bucket_error(rng):
+    """What another process sends may be anything: every wrong type is a BucketError (never
+    an AttributeError or a TypeError from deeper down), and each of these cases always runs."""
+    r, seed = rng
+    pairs = [p for p in random_pairs(r) if p[1].numel()] or [("x", torch.ones(3))]
+    good = bucket.pack(pairs)
+    flat, metas = good["flattened_tensor"], list(good["metadata"])
+    bucket.validate(flat, metas)
+    m = metas[0]
+    cases = [
+        ("a 2-D buffer", flat.view(1, -1), metas),
+        ("a buffer that is not a tensor", flat.tolist(), metas),
+        ("metadata that is a dict", flat, {m.name: m}),
+        ("metadata that is None", flat, None),
+        ("an entry that is a tuple", flat, [tuple(m)] + metas[1:] if hasattr(m, "__iter__") else [(m.name,)]),
+        ("a float start_idx", flat, [FlattenedTensorMetadata(m.name, m.shape, m.dtype, float(m.start_idx), m.end_idx, m.numel)]),
+        ("a bool numel", flat, [FlattenedTensorMetadata("b", torch.Size([1]), torch.uint8, 0, 1, True)]),
+        ("a string dtype", flat, [FlattenedTensorMetadata(m.name, m.shape, "float32", m.start_idx, m.end_idx, m.numel)]),
+        ("a name that is not a string", flat, [FlattenedTensorMetadata(7, m.shape, m.dtype, m.start_idx, m.end_idx, m.numel)]),
+        ("a shape of floats", flat, [FlattenedTensorMetadata(m.name, tuple(float(d) for d in m.shape) or (1.0,), m.dtype,
+                                                             m.start_idx, m.end_idx, m.numel)]),
+    ]
+    for what, f, md in cases:
+        try:
+            bucket.validate(f, md)
+        except BucketError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the wrong kind of refusal, shown to the learner
+            pytest.fail(f"{seed}: {what}: validate raised {type(exc).__name__}: {exc}; a bucket that does not fit "
+                        f"the contract is refused with BucketError naming what is wrong")
+        pytest.fail(f"{seed}: {what} was accepted; validate must refuse it with BucketError")
