@@ -13,6 +13,7 @@
 #   bash scripts/gpu_check.sh mutate   the GPU race cases, then judge.py mutate on every chapter (3 per region;
 #                                      CHAPTERS="ch03 ch05" for some only)
 #   bash scripts/gpu_check.sh buckets  the bucket fast path's CUDA tests and the bucket-vs-registered update bench
+#   bash scripts/gpu_check.sh speed    the speed tier (chapters 03-05) for the reference, and for a slow correct commit step
 # Packages the GPU machine lacks (FastAPI for chapter 07, hypothesis for the differential
 # cases) are installed from .whl/ when it is there (scripts/server_wheels.sh fills it).
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
@@ -26,6 +27,13 @@ python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version
 status=0
 if [ -d .whl ] && ! python -c "import hypothesis, fastapi" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
+fi
+if [ "${1:-}" = "speed" ]; then
+    python practice/judge.py speed --json > "$out/speed_reference.json" || status=1
+    python practice/judge.py speed ch04 --file practice/hidden/chapters/ch04/slow/copy_in_place.sync_each.py --json \
+        > "$out/speed_slow_ch04.json" || status=1
+    python -c "import json; [print(r['exercise'], r['status'], r.get('vs_reference'), r.get('vs_copy'), r.get('learner_gbps'), r.get('why', '')) for f in ['$out/speed_reference.json', '$out/speed_slow_ch04.json'] for r in json.load(open(f))]"
+    exit $status
 fi
 if [ "${1:-}" = "buckets" ]; then
     python -m pytest -m cuda -p no:cacheprovider -q -rA tests/test_bucket_fastpath.py tests/test_registered.py \
