@@ -49,7 +49,7 @@ def commit(rounds: int = 5, layers: int = 8, hidden: int = 2048) -> dict:
     from course_lib.weights.update import copy_in_place
 
     config = preset("qwen3-0.6b", num_hidden_layers=layers, hidden_size=hidden, intermediate_size=3 * hidden,
-                    vocab_size=32768)
+                    vocab_size=32768, bos_token_id=1, eos_token_id=2)
     with tempfile.TemporaryDirectory() as d:
         engine = Engine(make_random(f"{d}/m", config, seed=1, device="cuda"), device="cuda",
                         enable_cuda_graph=False, max_model_len=256)
