@@ -140,14 +140,20 @@ def receive_bucket(group, names, dtypes, shapes, device) -> list[tuple[str, torc
     ``names``, ``dtypes`` and ``shapes`` are what the trainer announced for this bucket
     (``describe``): one each per tensor, in the sender's order; a dtype is a
     ``torch.dtype`` or its name with or without ``"torch."`` (``"bfloat16"``); a shape is
-    a list of non-negative ints. Check all of that first and raise ``ValueError`` naming
-    what is wrong, before joining the broadcast. Then derive the sender's byte layout with
-    ``bucket.layout`` (both ends agree on it: a buffer of another length breaks the
-    collective), receive into a NEW ``uint8`` buffer of exactly the layout's length on
-    ``device`` with ``broadcast_async(group, buffer).wait()`` (root 0), and return
-    ``bucket.unpack`` of it: validated views into that buffer. Each call has a buffer of
-    its own: the caller may still hold the views of an earlier bucket. An empty bucket
-    still takes part in the (zero-byte) broadcast and returns ``[]``.
+    a list of non-negative ints.
+
+    Promises:
+    - anything else (lengths that differ, an unknown dtype, a negative or non-integer
+      size) raises ``ValueError`` naming what is wrong, before this rank joins the
+      collective (so a bad announcement never leaves the sender waiting half way);
+    - this rank takes part in exactly one broadcast from rank 0 per call, with a buffer of
+      exactly the byte length the sender packed (the layout of ``weights/bucket.py``, which
+      both ends derive from the announcement; any other length breaks the collective),
+      an empty bucket included (zero bytes; returns ``[]``);
+    - it returns validated (name, tensor) views into that buffer on ``device``, with the
+      announced names, dtypes and shapes, in order;
+    - every call's buffer is its own: views returned by an earlier call stay valid and
+      unchanged (the caller may still be using them).
     """
     # BEGIN EXERCISE ch05.receive_broadcast
     if not (len(names) == len(dtypes) == len(shapes)):

@@ -53,23 +53,24 @@ class BucketSender:
         return buf
 
     def payloads(self, named_tensors) -> Iterator[tuple[int, str]]:
-        """(receipt, base64 payload) per bucket; payloads are ``load_format="flattened_bucket"``.
+        """(receipt, base64 payload) per bucket; payloads are ``load_format="flattened_bucket"``,
+        each the serialized (``safe_pickle``) byte-layout bucket of ``weights/bucket.py``.
 
-        Tensors are grouped with ``group_into_buckets(named_tensors, self.bucket_bytes)``.
-        Bucket receipts count 0, 1, 2, ... over the sender's life, and bucket ``r`` goes
-        into buffer slot ``r % self.num_buffers``. Before anything is packed, that slot must
-        be free: if a bucket still in flight (yielded, not yet ``release``d) holds it, raise
-        ``RuntimeError`` saying so, and write nothing (the engine may still be reading it).
-        A bucket of ``bucket.bucket_nbytes(group)`` bytes up to ``self.bucket_bytes`` is
-        packed with ``bucket.pack(group, out=...)`` into the slot's buffer
-        (``self._buffer(slot, need, device)``, made once and then reused) and recorded in
-        ``self._in_use[receipt] = slot``; a larger one (one tensor bigger than a bucket)
-        gets a buffer of its own (``bucket.pack(group, device=device)``), recorded in
-        ``self._oversize[receipt]`` so it stays alive until released. ``device`` is
-        ``self.device``, else the group's first tensor's device. On a GPU, synchronize the
-        current stream after packing, so the bytes are there before the engine reads them.
-        Record the bucket before yielding ``(receipt, safe_pickle.serialize(packed))``: the
-        caller may ``release`` it before asking for the next one.
+        Promises:
+        - buckets group the tensors, in order, as ``group_into_buckets(named_tensors,
+          self.bucket_bytes)`` does; receipts count 0, 1, 2, ... over the sender's life;
+        - bucket ``r`` travels in buffer slot ``r % self.num_buffers``, a buffer made once
+          (``self._buffer``) and reused by every bucket that slot carries, so the sender's
+          memory does not grow with the model; a bucket larger than ``self.bucket_bytes``
+          (one big tensor) travels in a buffer of its own;
+        - a bucket is in flight from the moment it is yielded until ``release``: recorded
+          in ``self._in_use[receipt] = slot`` (or ``self._oversize[receipt]``, which keeps
+          a one-off buffer alive) before the caller sees it; a slot whose bucket is still in
+          flight is never written: asking for that bucket raises ``RuntimeError`` saying
+          so, with nothing written;
+        - buffers live on ``self.device``, else on the first tensor's device;
+        - when a payload is handed over, its bytes are in the buffer for any reader, on
+          any stream or in another process, however busy the sender's GPU stream was.
         """
         # BEGIN EXERCISE ch05.ipc_sender
         for group in group_into_buckets(named_tensors, self.bucket_bytes):
