@@ -561,6 +561,8 @@ def test_a_payload_of_the_wrong_types_is_refused_as_a_bucket_error(rng):
     cases = [
         ("a 2-D buffer", flat.view(1, -1), metas),
         ("a buffer that is not a tensor", flat.tolist(), metas),
+        ("a buffer on the meta device (no memory behind it)", torch.empty(flat.numel(), dtype=flat.dtype, device="meta"),
+         metas),
         ("metadata that is a dict", flat, {m.name: m}),
         ("metadata that is None", flat, None),
         ("an entry that is a tuple", flat, [tuple(m)] + metas[1:] if hasattr(m, "__iter__") else [(m.name,)]),

@@ -335,3 +335,37 @@ def test_the_loop_trains_with_these_weights_in_keep_mode(tmp_path, rng):
     assert any(len(ro.spans) > 1 for ro in result.rollouts), f"{seed}: the run produced mixed rollouts"
     for i, (got, want) in enumerate(seen):
         check(got, want, f"{seed}: {cfg.pause_mode} loop, rollout {i}")
+
+
+@WEIGHTS
+def test_the_current_versions_tokens_weigh_exactly_one_whatever_the_trainer_holds_for_it(rng):
+    """The current policy sampled those tokens: weight 1.0 exactly, even when the trainer's
+    stored log-probs of the current version differ a little from ``logp_now`` (computed in
+    another precision) or are not stored at all."""
+    r, seed = rng
+    n = r.randint(3, 9)
+    cut = r.randint(1, n - 1)
+    spans = [{"version": "old", "start": 0, "end": cut}, {"version": "now", "start": cut, "end": n}]
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    now = -torch.rand(n, generator=gen) * 3
+    for held in ({"old": now - 0.1, "now": now + 0.01 * torch.randn(n, generator=gen)}, {"old": now - 0.1}):
+        got = importance(spans, "now", now.clone(), {k: v.clone() for k, v in held.items()}, clip=2.0)
+        assert torch.equal(got[cut:], torch.ones(n - cut)), (
+            f"{seed}: tokens {cut}..{n - 1} of the current version weigh {got[cut:].tolist()} with the trainer holding "
+            f"{'a slightly different copy of' if 'now' in held else 'no entry for'} the current version's "
+            f"log-probs; they must weigh exactly 1.0")
+
+
+@WEIGHTS
+def test_a_clip_below_one_is_a_valid_clip(rng):
+    """Any clip > 0 is allowed (a clip below 1 caps every stale token's weight below 1)."""
+    r, seed = rng
+    n, clip = r.randint(2, 8), r.choice([0.25, 0.5, 0.9])
+    spans = [{"version": "old", "start": 0, "end": n}]
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    now, then = -torch.rand(n, generator=gen), -torch.rand(n, generator=gen)
+    try:
+        got = importance(spans, "now", now, {"old": then}, clip=clip)
+    except ValueError as exc:
+        pytest.fail(f"{seed}: clip={clip} is a number > 0 and must be accepted, but importance raised: {exc}")
+    check(got, expected_weights(spans, "now", now, {"old": then}, clip), f"{seed}: clip={clip}")
