@@ -167,7 +167,7 @@ def secret_lines(repo: Path = REPO) -> set[str]:
     public |= outside
     # The judge itself ships to learners: a hidden helper sharing a line with it gives nothing away.
     public |= {line for f in [repo / "practice" / "judge.py", *(repo / "practice" / "judging").glob("*.py")]
-               for line in _lines(f.read_text(encoding="utf-8"))}
+               if f.is_file() for line in _lines(f.read_text(encoding="utf-8"))}
     # Short or generic lines ("return x", "import os") say nothing about an answer.
     hidden = {s for s in secret - public if len(s) >= 24 and not s.startswith(("#", '"""'))}
     # A region's reference: its distinctive lines, unless the learner sees the same line

@@ -149,10 +149,33 @@ def _skip_reason(report) -> str:
     return text.removeprefix("Skipped: ")
 
 
+def _learner_frame(report) -> str:
+    """Where in the graded course_lib an unexpected exception came from ("" if not there):
+    the deepest traceback entry inside it, as course_lib/...py:line."""
+    if not _LIB_ROOT:
+        return ""
+    root = os.path.realpath(os.path.join(_LIB_ROOT, "course_lib"))
+    try:
+        entries = report.longrepr.reprtraceback.reprentries
+    except AttributeError:
+        return ""
+    for entry in reversed(entries):
+        loc = getattr(entry, "reprfileloc", None)
+        path = os.path.realpath(str(getattr(loc, "path", "")))
+        if loc is not None and path.startswith(root + os.sep):
+            return f"course_lib/{os.path.relpath(path, root)}:{loc.lineno}"
+    return ""
+
+
 def _message(report) -> str:
-    """The failure in words: the assertion's own message, not pytest's expression dump."""
+    """The failure in words: the assertion's own message, not pytest's expression dump;
+    an exception the learner's code raised also says where (file and line)."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
+    if not text.startswith(("AssertionError", "Failed")):
+        where = _learner_frame(report)
+        if where:
+            text = f"{text}\n(raised in your code at {where})"
     for prefix in ("AssertionError: ", "Failed: "):
         text = text.removeprefix(prefix)
     text = text.split("\nassert ")[0]  # pytest appends the rewritten expression; the words come first
