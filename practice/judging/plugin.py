@@ -178,7 +178,12 @@ def _message(report) -> str:
             text = f"{text}\n(raised in your code at {where})"
     for prefix in ("AssertionError: ", "Failed: "):
         text = text.removeprefix(prefix)
-    text = text.split("\nassert ")[0]  # pytest appends the rewritten expression; the words come first
+    # pytest appends the rewritten expression with the values it compared: the words come
+    # first, then (a few short lines) what the code gave against what was expected.
+    text, _, compared = text.partition("\nassert ")
+    if compared:
+        shown = [("assert " + compared).splitlines()[0]] + compared.splitlines()[1:4]
+        text += "\nthe check: " + " | ".join(ln.strip()[:160] for ln in shown if ln.strip())
     # hypothesis's notes repeat the scenario the message shows, or count other failing examples
     text = text.split("\nFalsifying ")[0].split("\n(note: ")[0]
     # Lines kept (a case may show the inputs, the learner's value and the expected one on
