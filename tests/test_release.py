@@ -199,6 +199,7 @@ def test_each_chapter_needs_only_its_own_and_earlier_parts(edition, tmp_path, ch
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # ten chapters stubbed, then graded, then ten notebooks: ~10 minutes on 2 cores
 def test_whole_course_walk(edition, tmp_path):
     """The learner's walk through the whole course: with every region written (the reference),
     every chapter passes its public and hidden cases and every notebook runs top to bottom on
