@@ -33,7 +33,7 @@ rank, held by ``engine/transfers.py``) keeps what is safe to keep:
 Before every copy each destination parameter is checked to be where the table found it
 (the registered path's check; a rebound weight refuses the bucket, nothing written, and
 the cache is dropped), and with ``check_finite`` the bucket's tensors are checked for
-NaN and inf in one grouped reduction per dtype.
+NaN and inf by the check every update path uses (``update.check_finite``).
 
 What a mapping costs the trainer: CUDA IPC memory the engine still maps is not returned
 to the trainer's allocator when the trainer frees it (torch keeps it until the engine lets
@@ -68,7 +68,7 @@ from course_lib.exercises import is_reference
 from course_lib.weights import bucket, registered
 from course_lib.weights.bucket import FlattenedTensorMetadata
 from course_lib.weights.copy_plan import CopyPlan
-from course_lib.weights.update import UpdateError, copy_in_place, validate_tensors
+from course_lib.weights.update import UpdateError, check_finite, copy_in_place, validate_tensors
 
 MAX_BUFFERS = 4     # trainer buffers kept mapped (a trainer uses two in turn)
 MAX_LAYOUTS = 4096  # validated layouts kept, and tables per buffer (a step's buckets, several times over)
@@ -110,13 +110,9 @@ class BoundBucket:
         self.identity = storage_identity(flat)
         self.destinations = registered._DestinationCheck([(0, d) for d in table.destinations[0]])
         data = flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
-        groups: dict[torch.dtype, tuple[list, list]] = {}
-        for name, dtype, start, n in layout.spans:
-            if n and dtype.is_floating_point:
-                names, views = groups.setdefault(dtype, ([], []))
-                names.append(name)
-                views.append(data[start:start + n].view(dtype))
-        self.finite_groups = list(groups.values())
+        # Typed views of the bucket's floating tensors, for the NaN check (``check_finite``).
+        self.floating = [(name, data[start:start + n].view(dtype)) for name, dtype, start, n in layout.spans
+                         if n and dtype.is_floating_point]
 
     @property
     def nbytes(self) -> int:
@@ -136,14 +132,9 @@ class BoundBucket:
         return None if moved is None else moved[1].label
 
     def check_finite(self) -> None:
-        """Refuse NaN or inf in any of the bucket's floating tensors: one grouped reduction
-        (largest magnitude) per dtype and one synchronisation, the first bad one named."""
-        for names, views in self.finite_groups:
-            peaks = torch.stack(torch._foreach_norm(views, float("inf")))
-            finite = torch.isfinite(peaks)
-            if not bool(finite.all()):
-                bad = finite.tolist().index(False)
-                raise UpdateError(f"{names[bad]}: contains NaN or infinite values")
+        """Refuse NaN or inf in any of the bucket's floating tensors (``update.check_finite``:
+        one reduction per tensor, one synchronisation, the first bad one named)."""
+        check_finite(self.floating)
 
     def copy(self) -> None:
         """Launch the bucket's copy (asynchronous on a GPU)."""
