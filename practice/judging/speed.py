@@ -44,7 +44,8 @@ def measure(chapter: Chapter, root: Path, repeats: int = 3) -> dict | None:
     ref_root = reference_root()
     if ref_root is None or not SHARED.is_dir():
         return dict(record, status="not measured here", why="no reference edition beside this judge")
-    sys.path.insert(0, str(SHARED))
+    if str(SHARED) not in sys.path:
+        sys.path.insert(0, str(SHARED))
     import twin
 
     mine, theirs = twin.Reference(str(root), require_reference=False), twin.Reference(ref_root)
@@ -53,11 +54,11 @@ def measure(chapter: Chapter, root: Path, repeats: int = 3) -> dict | None:
         for _ in range(repeats):  # alternately, so both meet the same machine
             try:
                 learner.append(mine.run(spec["scenario"]))
-            except twin.ReferenceError as exc:
+            except twin.ReferenceFailed as exc:
                 return dict(record, status="refused", why=f"the part failed while timed: {str(exc)[:300]}")
             try:
                 reference.append(theirs.run(spec["scenario"]))
-            except twin.ReferenceError as exc:  # the grader's fault: no figure, and no blame
+            except twin.ReferenceFailed as exc:  # the grader's fault: no figure, and no blame
                 return dict(record, status="not measured here", why=f"the reference failed: {str(exc)[:300]}")
     finally:
         mine.close()

@@ -34,7 +34,7 @@ def run_here(scenario: str, /, **kwargs):
     return json.loads(json.dumps(getattr(importlib.import_module(module), name)(**kwargs)))
 
 
-class ReferenceError(RuntimeError):
+class ReferenceFailed(RuntimeError):
     """The reference failed to run a scenario: a fault of the grader, never the learner's."""
 
 
@@ -55,7 +55,7 @@ class Reference:
         want = os.path.realpath(os.path.join(self.root, "course_lib"))
         if hello.get("course_lib") != want or (require_reference and not hello.get("reference")):
             self.close()
-            raise ReferenceError(f"the reference process imported {hello} instead of the reference edition at {want}")
+            raise ReferenceFailed(f"the reference process imported {hello} instead of the reference edition at {want}")
 
     def run(self, scenario: str, /, **kwargs):
         """Run scenario ``module:function`` on the reference; returns what it observed."""
@@ -63,14 +63,14 @@ class Reference:
         self._proc.stdin.flush()
         reply = self._read()
         if "error" in reply:
-            raise ReferenceError(f"the reference failed on {scenario}({kwargs}): {reply['error']}")
+            raise ReferenceFailed(f"the reference failed on {scenario}({kwargs}): {reply['error']}")
         return reply["result"]
 
     def _read(self) -> dict:
         line = self._proc.stdout.readline()
         if not line:
             self._log.seek(0)
-            raise ReferenceError("the reference process stopped: " + self._log.read()[-2000:])
+            raise ReferenceFailed("the reference process stopped: " + self._log.read()[-2000:])
         return json.loads(line)
 
     def close(self) -> None:
