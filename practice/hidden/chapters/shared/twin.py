@@ -35,7 +35,8 @@ def run_here(scenario: str, /, **kwargs):
 
 
 class ReferenceFailed(RuntimeError):
-    """The reference failed to run a scenario: a fault of the grader, never the learner's."""
+    """A child process failed to run a scenario: for the reference, a fault of the grader,
+    never the learner's."""
 
 
 class Reference:
@@ -63,7 +64,7 @@ class Reference:
         self._proc.stdin.flush()
         reply = self._read()
         if "error" in reply:
-            raise ReferenceFailed(f"the reference failed on {scenario}({kwargs}): {reply['error']}")
+            raise ReferenceFailed(f"the course_lib in {self.root} failed on {scenario}({kwargs}): {reply['error']}")
         return reply["result"]
 
     def _read(self) -> dict:
