@@ -28,6 +28,11 @@ _RESULTS = os.environ.pop("COURSE_JUDGE_RESULTS", None)
 # engine (hidden/chapters/shared/twin.py): removed before the learner's code is imported.
 _REFERENCE_ROOT = os.environ.pop("COURSE_REFERENCE_ROOT", None)
 _NEEDS_CUDA_REASON = "needs CUDA"
+# The seed every hidden case draws its random inputs from (``hidden_seed()``): fixed, so the
+# same code gets the same grade on every run. Maintainers widen the draw with
+# COURSE_HIDDEN_SEED=<n> (another seed, or a printed one replayed) or =draw (a fresh one).
+_HIDDEN_SEED = os.environ.pop("COURSE_HIDDEN_SEED", "")
+FIXED_HIDDEN_SEED = 20261201
 _pending: dict[str, dict] = {}
 _not_graded: set[str] = set()
 _broken: dict[str, str] = {}  # nodeid -> why the case fails before it runs
@@ -42,6 +47,15 @@ def _emit(record: dict) -> None:
     if _RESULTS:
         with open(_RESULTS, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def hidden_seed() -> int:
+    """The run's seed for hidden cases (``from conftest import hidden_seed``): the fixed one
+    unless a maintainer set ``$COURSE_HIDDEN_SEED`` (a number, or ``draw``)."""
+    global _HIDDEN_SEED
+    if _HIDDEN_SEED == "draw":
+        _HIDDEN_SEED = str(int.from_bytes(os.urandom(4), "little"))  # one draw per run, every module alike
+    return int(_HIDDEN_SEED) if _HIDDEN_SEED else FIXED_HIDDEN_SEED
 
 
 def _cuda_available() -> bool:

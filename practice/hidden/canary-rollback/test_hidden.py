@@ -5,7 +5,6 @@ of different lengths, empty answers, and hot == cold after.
 The candidate runs first in every test; the reference answers are computed by a separate
 engine. The random seed is in every message, so a failure can be replayed.
 """
-import os
 import random
 import shutil
 
@@ -15,8 +14,9 @@ from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader
 from versions import (Engine, corrupted_copy, expected_answers, kernel_weights, make_random, misshapen,
                       random_layer_name, same_weights, with_nan)
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = hidden_seed()
 RNG = random.Random(SEED)
 WHY = f"(random seed {SEED})"
 PROMPTS = ["".join(RNG.choice("abcdefghij ,.") for _ in range(RNG.randint(4, 30))) for _ in range(5)]

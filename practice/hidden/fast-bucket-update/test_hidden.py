@@ -4,7 +4,6 @@ holds), random bucket sizes and orders, partial updates, an empty bucket, a buff
 with new bytes, every kind of bad entry placed last (the right element count in the wrong
 shape among them), no temporary copies on the way in, the speed against the judge's
 reference on a GPU (new bytes every timed round, checked after), and real CUDA graphs."""
-import os
 import random
 import weakref
 
@@ -22,8 +21,9 @@ from course_lib.weights.audit import AddressMovedError
 from course_lib.weights.bucket import FlattenedTensorMetadata
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
 from course_lib.weights.copy_plan import checkpoint_view
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = hidden_seed()
 RNG = random.Random(SEED)
 WHY = f"(random seed {SEED})"
 PROMPTS = ["hidden prompt", "a longer prompt for the hidden tests of fast-bucket-update"]

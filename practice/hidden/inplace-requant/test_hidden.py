@@ -5,15 +5,15 @@ independent numpy implementation, so nothing the reference leaves behind can hel
 random seed is in every message, so a failure can be replayed.
 """
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
 
 from layer import Int8Layer, expect_value_error, shape_of, storage_of, what_moved
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = hidden_seed()
 RNG = np.random.default_rng(SEED)
 WHY = f"(random seed {SEED})"
 

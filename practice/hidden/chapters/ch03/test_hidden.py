@@ -11,7 +11,6 @@ still alive (weak references), when each layer's weights change, and what is hel
 layer is written. Every failure names the seed; nothing here times anything.
 """
 import gc
-import os
 import random
 import weakref
 
@@ -28,13 +27,14 @@ from course_lib.weights import layerwise
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
 from course_lib.weights.layerwise import LayerwiseReload, layer_key
 from course_lib.weights.update import UpdateError
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 INT8 = pytest.mark.exercise("ch03.quantize_int8")
 STAGE = pytest.mark.exercise("ch03.stage_shard")
 FP8 = pytest.mark.exercise("ch03.quantize_fp8")
 REQUANT = pytest.mark.exercise("ch03.requantize_in_place")
 LAYERWISE = pytest.mark.exercise("ch03.layerwise_buffer")
-SEED = int.from_bytes(os.urandom(4), "little")
+SEED = hidden_seed()
 PROMPTS = ["kernel format", "a second prompt, somewhat longer than the first"]
 
 

