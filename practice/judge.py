@@ -184,14 +184,18 @@ def cmd_mutate(args) -> int:
     killed = sum(r["outcome"] == "killed" for r in records)
     survived = [r for r in records if r["outcome"] == "SURVIVED"]
     here = sum(r["outcome"] == "not graded here" for r in records)
+    equivalent = sum(r["outcome"] == "equivalent" for r in records)
+    counted = len(records) - equivalent  # a mutant shown equivalent is no test's to kill
     if args.json:
         print(json.dumps({"killed": killed, "survived": len(survived), "not_graded_here": here,
-                          "mutants": records}, indent=1))
+                          "equivalent": equivalent, "mutants": records}, indent=1))
     else:
         print(report.table(rows, ["exercise", "mutant", "got", "outcome"]))
-        share = f"{killed / len(records):.0%}" if records else "-"
-        print(f"\nmutate: {killed} of {len(records)} killed ({share}), {len(survived)} survived"
-              + (f", {here} not graded here (need a GPU)" if here else ""))
+        share = f"{killed / counted:.1%}" if counted else "-"
+        print(f"\nmutate: {killed} of {counted} killed ({share}), {len(survived)} survived"
+              + (f", {here} not graded here (need a GPU)" if here else "")
+              + (f"; {equivalent} more survived and are listed as equivalent "
+                 f"(hidden/chapters/equivalent_mutants.json)" if equivalent else ""))
     return 1 if survived else 3 if here else 0
 
 

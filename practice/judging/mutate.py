@@ -10,13 +10,17 @@ puts a wrong answer) and that exercise's public and hidden cases run on it:
 - **killed**: some case failed;
 - **survived**: every case ran and passed; read it, then either write a case that kills
   it or show next to the region why it is equivalent;
-- **not graded here**: it passed every case run on this machine, and GPU cases did not run.
+- **not graded here**: it passed every case run on this machine, and GPU cases did not run;
+- **equivalent**: it survived, and ``hidden/chapters/equivalent_mutants.json`` lists it (the
+  region, the line before and after) with why no test can tell it from the reference. The
+  score counts killed mutants among those not shown equivalent.
 
 Which mutants are drawn per region is seeded (``--seed``), so a run can be repeated.
 """
 from __future__ import annotations
 
 import ast
+import json
 import os
 import random
 import re
@@ -24,6 +28,7 @@ import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -38,12 +43,24 @@ SWAPS = [(" == ", " != "), (" != ", " == "), (" <= ", " < "), (" >= ", " > "), (
 _NUMBER = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
 
 
+EQUIVALENT = Path(__file__).resolve().parent.parent / "hidden" / "chapters" / "equivalent_mutants.json"
+
+
 @dataclass
 class Mutant:
     exercise: str
     line: int          # 1-based, in the region's body
     what: str          # how the line changed, for the table
     body: str          # the whole mutated body, at column 0
+    before: str = ""   # the line, stripped, as the reference has it
+    after: str = ""    # and as the mutant has it ("pass" when deleted)
+
+
+def equivalent_mutants(path: Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
+    """(exercise, line before, line after) -> why the mutant is equivalent, from the registry."""
+    if not path.is_file():
+        return {}
+    return {(e["exercise"], e["before"], e["after"]): e["why"] for e in json.loads(path.read_text(encoding="utf-8"))}
 
 
 def _compiles(body: str) -> bool:
@@ -92,7 +109,7 @@ def mutants_of(region: regions.Region) -> list[Mutant]:
         for new_line, what in candidates:
             body = "\n".join(lines[:i] + [new_line] + lines[i + 1:]) + "\n"
             if new_line != line and _compiles(body):
-                found.append(Mutant(region.id, i + 1, f"line {i + 1}: {what}", body))
+                found.append(Mutant(region.id, i + 1, f"line {i + 1}: {what}", body, code, new_line.strip()))
     return found
 
 
@@ -107,8 +124,10 @@ def draw(repo, exercise_ids, per_region: int, seed: int) -> list[Mutant]:
     return picked
 
 
-def grade(chapter, repo, mutant: Mutant, timeout: float, threads: int | None) -> tuple[list, dict]:
-    """Grade one mutant like a learner's answer: (row for the table, record)."""
+def grade(chapter, repo, mutant: Mutant, timeout: float, threads: int | None,
+          equivalent: dict | None = None) -> tuple[list, dict]:
+    """Grade one mutant like a learner's answer: (row for the table, record). A survivor
+    the registry lists (``equivalent``) is "equivalent", with the registry's reason."""
     root = variant_root(repo, mutant.exercise, mutant.body)
     try:
         result = run_chapter(chapter, root, exercises=[mutant.exercise], timeout=timeout, threads=threads)
@@ -117,8 +136,12 @@ def grade(chapter, repo, mutant: Mutant, timeout: float, threads: int | None) ->
     verdict = report.check_verdict(False, result)
     outcome = ("killed" if verdict == "ok" else
                "not graded here" if verdict.startswith(report.NOT_GRADED_HERE) else "SURVIVED")
+    why = (equivalent or {}).get((mutant.exercise, mutant.before, mutant.after))
+    if outcome == "SURVIVED" and why:
+        outcome = "equivalent"
     return ([mutant.exercise, mutant.what, report.summary(result), outcome],
-            {"exercise": mutant.exercise, "mutant": mutant.what, "outcome": outcome, "body": mutant.body,
+            {"exercise": mutant.exercise, "mutant": mutant.what, "before": mutant.before, "after": mutant.after,
+             "outcome": outcome, "why": why if outcome == "equivalent" else None, "body": mutant.body,
              "result": result.to_json()})
 
 
@@ -128,7 +151,8 @@ def mutate(work, repo, per_region: int, seed: int, timeout: float, jobs: int = 1
     in the order drawn."""
     todo = [(chapter, m) for chapter, ids in work for m in draw(repo, ids, per_region, seed)]
     threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    equivalent = equivalent_mutants()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        graded = list(tqdm(pool.map(lambda cm: grade(cm[0], repo, cm[1], timeout, threads), todo),
+        graded = list(tqdm(pool.map(lambda cm: grade(cm[0], repo, cm[1], timeout, threads, equivalent), todo),
                            total=len(todo), desc="mutants", unit="mutant", file=sys.stderr))
     return [g[0] for g in graded], [g[1] for g in graded]
