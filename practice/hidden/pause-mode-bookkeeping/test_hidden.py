@@ -95,6 +95,18 @@ def test_random_load_in_the_engine(candidate, checkpoints, mode, index):
     check(candidate, checkpoints, mode, *SCENARIOS[index])
 
 
+def test_retract_reuses_a_block_only_along_a_matching_prefix(candidate, checkpoints):
+    """Blocks with the same tokens at the same place but a different block before them are
+    not the same cached block: reuse follows the chain of whole blocks from the start."""
+    p1, p2, p3, q1, q2, q3 = (tokens(4) for _ in range(6))
+    load = [(0, p1 + p2 + p3 + tokens(1), greedy(20)),  # fills the cache first
+            (0, q1 + q2 + q3 + tokens(1), greedy(20)),  # none of those blocks
+            (0, p1 + q2 + p3 + tokens(1), greedy(20)),  # every block seen before, but only p1 as a prefix
+            (0, p2 + p3 + tokens(5), greedy(20))]       # blocks seen before, at other places
+    check(candidate, checkpoints, "retract", "four requests whose blocks repeat at the same places, 3 steps",
+          load, 3, dict(block_size=4, max_num_seqs=4))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_nothing_has_run_yet(candidate, checkpoints, mode):
     """Requests queued, none admitted: keep holds no stale KV, retract has nothing to send back."""
