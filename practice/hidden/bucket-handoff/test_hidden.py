@@ -4,9 +4,12 @@ same engine, nothing to send, and real CUDA IPC on a GPU.
 
 No case waits on a clock: on the CPU the engine opens a bucket only when the sender waits
 for it (the latest moment), so a buffer reused too soon is always caught; on the GPU it
-opens each bucket the moment it arrives (the earliest). (Bytes still queued on the
-sender's stream are not a case: torch's CUDA IPC records an event on that stream when a
-buffer is serialized and the engine's stream waits for it, so they arrive in place.) Buckets in flight are counted in the engine's process, out of the sender's reach."""
+opens each bucket the moment it arrives (the earliest), and after each acknowledgement the
+sender's stream is kept busy, so bytes packed into a reused buffer are still queued when a
+sender that does not synchronize posts them. (torch's CUDA IPC makes the receiver wait for
+the sender's stream only when it opens a handle afresh; the engine keeps a reused buffer's
+mapping open, so it reads at once.) Buckets in flight are counted in the engine's process,
+out of the sender's reach."""
 import random
 
 import pytest
@@ -80,9 +83,14 @@ def test_nothing_to_send_posts_nothing(candidate, cpu_engine):
 @pytest.mark.cuda
 def test_cuda_ipc_buffers_and_overlap(candidate, tmp_path):
     paths = [make_random(tmp_path / str(seed), "small", seed=seed, dtype=torch.bfloat16) for seed in (23, 24)]
-    engine = EngineProcess(paths[0], device="cuda")
+    engine = EngineProcess(paths[0], device="cuda", mode="eager")
     try:
         report = send(engine, candidate, paths[1], device="cuda", bucket_bytes=256 << 10, num_buffers=2)
+        check(report, 2, "CUDA IPC between two processes on one GPU, the engine reading each bucket as it arrives")
+        # ~50 ms of work on the sender's stream after each acknowledgement: a buffer posted
+        # without waiting for its packing holds the previous bucket's bytes when it is read.
+        busy = send(engine, candidate, paths[0], device="cuda", bucket_bytes=256 << 10, num_buffers=2,
+                    busy_cycles=100_000_000)
     finally:
         engine.close()
-    check(report, 2, "CUDA IPC between two processes on one GPU")
+    check(busy, 2, "CUDA IPC with the sender's stream busy when it packs a reused buffer")

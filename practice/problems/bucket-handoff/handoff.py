@@ -117,10 +117,21 @@ class EngineProcess:
             self._take(max(0.0, deadline - time.monotonic()))
 
     # -- what the tests use ----------------------------------------------------------------
-    def run(self, send_weights, named_tensors, **options) -> dict:
-        """Call ``send_weights`` with this engine; then let the engine finish and report its counts."""
+    def run(self, send_weights, named_tensors, busy_cycles: int = 0, **options) -> dict:
+        """Call ``send_weights`` with this engine; then let the engine finish and report its counts.
+
+        ``busy_cycles`` (a GPU case): after every acknowledgement the sender's current CUDA
+        stream gets that many cycles of work first, so whatever the sender queues next
+        (packing the next bucket into the freed buffer) is still queued when it returns."""
         self.stats = Stats()
-        returned = send_weights(named_tensors, self.post, self.wait_ack, **options)
+        wait_ack = self.wait_ack
+        if busy_cycles:
+            import torch
+
+            def wait_ack(receipt: int) -> None:
+                self.wait_ack(receipt)
+                torch.cuda._sleep(busy_cycles)  # the stream is busy, as a trainer's often is
+        returned = send_weights(named_tensors, self.post, wait_ack, **options)
         self.inbox.put(("returned",))
         self.inbox.put(("apply_through", float("inf")))  # let the engine finish before comparing
         self.inbox.put(("report",))
