@@ -150,7 +150,7 @@ def cmd_check(args) -> int:
     rules = chapters.consistency(REPO, all_chapters) + [
         f"{ex.id} has no wrong variant (hidden/chapters/{ch.id}/wrong/{ex.name}.<variant>.py)"
         for ch in all_chapters for ex in ch.exercises if not ch.wrong_variants(ex)]
-    rows, records, all_ok, undecided = run_checks(jobs, args.jobs)
+    rows, records, all_ok, undecided = run_checks(jobs, args.jobs, max(1, args.repeat))
     all_ok &= not rules
     if args.json:
         print(json.dumps({"ok": all_ok, "not_graded_here": undecided, "rules": rules, "checks": records}, indent=1))
@@ -331,6 +331,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="only these problems, chapters (ch01) or exercises (ch01.block_hash); default: all")
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="runs at once")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run every check this many times; a row holds only if every run holds (the grade repeats)")
     p = sub.add_parser("mutate", help="maintainers: one-line mutants of a chapter's region references, graded; survivors listed")
     p.add_argument("names", nargs="+", metavar="NAME", help="chapters (ch02) or exercises (ch02.wait_drain)")
     p.add_argument("--per-region", type=int, default=3, help="mutants drawn per region (0: every one)")

@@ -68,19 +68,27 @@ def chapter_checks(chapters: list[Chapter], repo: Path, *, timeout: float, threa
     return jobs
 
 
-def run_checks(jobs: list[tuple], workers: int) -> tuple[list[list[str]], list[dict], bool, int]:
-    """Run the jobs (each its own process) ``workers`` at a time; rows for the table,
-    records, whether no verdict is WRONG, and how many could not be decided here."""
+def run_checks(jobs: list[tuple], workers: int, repeat: int = 1) -> tuple[list[list[str]], list[dict], bool, int]:
+    """Run the jobs (each its own process) ``workers`` at a time, each ``repeat`` times;
+    rows for the table, records, whether no verdict is WRONG, and how many could not be
+    decided here. A row holds only if every repeat holds: a wrong answer caught in some
+    runs and not in others is a grade that changes with the run."""
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = list(pool.map(lambda job: job[3](), jobs))
+        flat = list(pool.map(lambda job: job[3](), [job for job in jobs for _ in range(repeat)]))
     rows, records, all_ok, undecided = [], [], True, 0
-    for (label, what, should_pass, _), res in zip(jobs, results):
-        verdict = report.check_verdict(should_pass, res)
+    for i, (label, what, should_pass, _) in enumerate(jobs):
+        runs = flat[i * repeat:(i + 1) * repeat]
+        verdicts = [report.check_verdict(should_pass, res) for res in runs]
+        held = sum(v == "ok" for v in verdicts)
+        verdict = next((v for v in verdicts if v != "ok"), "ok")
+        if repeat > 1 and 0 < held < repeat:
+            verdict = f"WRONG: holds in {held} of {repeat} runs (first other verdict: {verdict})"
+        res = next((r for r, v in zip(runs, verdicts) if v != "ok"), runs[0])
         undecided += verdict.startswith(report.NOT_GRADED_HERE)
         all_ok &= verdict == "ok" or verdict.startswith(report.NOT_GRADED_HERE)
         caught_by = sorted({c.case.split("::")[0] for c in res.cases if c.outcome == "fail"})
-        rows.append([label, what, "pass all" if should_pass else "fail some",
-                     report.summary(res), ", ".join(caught_by) or "-", verdict])
+        got = report.summary(res) + (f" ({held} of {repeat} runs as expected)" if repeat > 1 else "")
+        rows.append([label, what, "pass all" if should_pass else "fail some", got, ", ".join(caught_by) or "-", verdict])
         records.append({"problem": label, "file": what, "should_pass": should_pass, "verdict": verdict,
-                        "result": res.to_json()})
+                        "runs": repeat, "runs_as_expected": held, "result": res.to_json()})
     return rows, records, all_ok, undecided
