@@ -10,10 +10,12 @@
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
 #   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s at ~1.7B (FastAPI wheels: scripts/server_wheels.sh)
-#   bash scripts/gpu_check.sh mutate   the GPU race cases, then judge.py mutate on every chapter (3 per region;
+#   bash scripts/gpu_check.sh mutate   judge.py mutate on every chapter (3 per region;
 #                                      CHAPTERS="ch03 ch05" for some only)
 #   bash scripts/gpu_check.sh buckets  the bucket fast path's CUDA tests and the bucket-vs-registered update bench
 #   bash scripts/gpu_check.sh speed    the speed tier (chapters 03-05) for the reference, and for a slow correct commit step
+#   bash scripts/gpu_check.sh judge    judge.py check on every chapter and problem (references pass, stubs and wrong
+#                                      answers fail, CUDA cases graded), then REPEAT= runs of the GPU race rows
 # Packages the GPU machine lacks (FastAPI for chapter 07, hypothesis for the differential
 # cases) are installed from .whl/ when it is there (scripts/server_wheels.sh fills it).
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
@@ -42,12 +44,20 @@ if [ "${1:-}" = "buckets" ]; then
         --json "$out/update_buckets_qwen3-1.7b.json" 2>&1 | grep -v "it/s]" | tee "$out/update_buckets_qwen3-1.7b.log" || status=1
     exit $status
 fi
+if [ "${1:-}" = "judge" ]; then
+    python practice/judge.py check --jobs "${JOBS:-10}" $(ls practice/chapters | grep '^ch[0-9][0-9]$') \
+        $(ls practice/problems | grep -v -x bucket-handoff) 2>&1 | tee "$out/judge_check.log" || status=1
+    python practice/judge.py check bucket-handoff 2>&1 | tee "$out/judge_check_bucket_handoff.log" || status=1
+    if [ "${REPEAT:-0}" -gt 0 ]; then  # the cases that race a GPU stream: the same verdict every run?
+        python practice/judge.py check --jobs 4 --repeat "$REPEAT" ch05.ipc_sender ch09.host_snapshot bucket-handoff 2>&1 \
+            | tee "$out/judge_check_races_repeat.log" || status=1
+    fi
+    exit $status
+fi
 if [ "${1:-}" = "mutate" ]; then
-    python practice/judge.py check --jobs 4 ch05.ipc_sender ch05.pack_bucket ch09.host_snapshot ch03.layerwise_buffer 2>&1 \
-        | tee "$out/judge_check_races.log" || status=1
     for ch in ${CHAPTERS:-$(ls practice/chapters | grep '^ch[0-9][0-9]$')}; do
         python practice/judge.py mutate "$ch" --per-region "${PER_REGION:-3}" --jobs "${JOBS:-12}" --json 2>/dev/null \
-            | python -c "import json,sys; d=json.load(sys.stdin); open('$out/mutate.jsonl','a').write(json.dumps(d)+'\n'); print('$ch', 'killed', d['killed'], 'of', len(d['mutants']), 'survived', d['survived'], 'not graded here', d['not_graded_here'])" \
+            | python -c "import json,sys; d=json.load(sys.stdin); open('$out/mutate.jsonl','a').write(json.dumps(d)+'\n'); print('$ch', 'killed', d['killed'], 'of', len(d['mutants']) - d['equivalent'], 'survived', d['survived'], 'not graded here', d['not_graded_here'], 'equivalent (listed)', d['equivalent'])" \
             | tee -a "$out/mutate_summary.txt" || status=1
     done
     exit $status
