@@ -23,7 +23,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from course_lib.engine.update_sources import decode_tensor_payload
+from course_lib.engine.update_sources import deserialize_tensor_payload, named_tensors_of
 from course_lib.engine.sequence import SamplingParams
 from course_lib.server import schemas as s
 from course_lib.server import streaming
@@ -229,6 +229,25 @@ def add_serving_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
         return await worker.call(flush)
 
 
+def decode_tensor_request(payload, load_format: str | None, tp_rank: int = 0) -> tuple[object, str | None]:
+    """What ``/update_weights_from_tensor`` hands the engine, and with which load_format
+    (run in the thread pool: the unpickling stays off the engine thread and the event loop).
+
+    This rank's payload is unpickled through the allowlist (``deserialize_tensor_payload``,
+    which picks ``payload[tp_rank]`` from a per-rank list as ``TensorSource`` does). A
+    flattened bucket stays a bucket, with its load_format: the engine's ``TensorSource``
+    then checks it, with one lookup where its layout and buffer were seen before
+    (``weights/bucket_cache.py``), and otherwise unpacks it and checks each entry, with the
+    same errors. What is not even shaped like a bucket (no dict with "flattened_tensor"
+    and "metadata") is refused here, as before. Anything else becomes checked (name,
+    tensor) pairs here, as before."""
+    decoded = deserialize_tensor_payload(payload, load_format, tp_rank)
+    if (load_format == "flattened_bucket" and isinstance(decoded, dict)
+            and "flattened_tensor" in decoded and "metadata" in decoded):
+        return decoded, load_format
+    return named_tensors_of(decoded, load_format), None  # a bucket that is no dict of both: raises
+
+
 def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
     """Updates from disk and from tensors, and the version label."""
 
@@ -245,12 +264,13 @@ def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(req: s.TensorUpdateRequest, request: Request):
         try:
-            tensors = await run_in_threadpool(decode_tensor_payload, req.serialized_named_tensors, req.load_format)
+            payload, load_format = await run_in_threadpool(decode_tensor_request, req.serialized_named_tensors,
+                                                           req.load_format, engine.config.tp_rank)
         except Exception as exc:  # noqa: BLE001 - unsafe pickles and bad buckets become 400s
             raise from_engine_exception(exc, engine) from None
         version = s.version_text(req.weight_version)
         return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_tensor(
-            tensors, flush_cache=req.flush_cache, weight_version=version,
+            payload, load_format=load_format, flush_cache=req.flush_cache, weight_version=version,
             abort_all_requests=req.abort_all_requests))
 
     @app.post("/update_weight_version")
