@@ -238,9 +238,11 @@ def decode_tensor_request(payload, load_format: str | None, tp_rank: int = 0) ->
     flattened bucket stays a bucket, with its load_format: the engine's ``TensorSource``
     then checks it, with one lookup where its layout and buffer were seen before
     (``weights/bucket_cache.py``), and otherwise unpacks it and checks each entry, with the
-    same errors. What is not even shaped like a bucket (no dict with "flattened_tensor"
-    and "metadata") is refused here, as before. Anything else becomes checked (name,
-    tensor) pairs here, as before."""
+    same errors (400 ``bad_request``). So its entries are checked on the engine thread,
+    after the pause rules, as an in-process caller's are: a bad bucket posted while
+    requests run unpaused is refused as busy (409) first. What is not even shaped like a
+    bucket (no dict with "flattened_tensor" and "metadata") is refused here, as before.
+    Anything else becomes checked (name, tensor) pairs here, as before."""
     decoded = deserialize_tensor_payload(payload, load_format, tp_rank)
     if (load_format == "flattened_bucket" and isinstance(decoded, dict)
             and "flattened_tensor" in decoded and "metadata" in decoded):
