@@ -252,6 +252,41 @@ def test_stage_shard_cuda_staging_lives_beside_the_kernel_tensors(rng):
         f"seed {SEED}: staging {layer.staging.dtype}, shards {layer.staged_shards}"
 
 
+@STAGE
+@pytest.mark.cuda
+def test_stage_shard_host_shards_are_not_copied_to_the_device_first(rng):
+    """Never copy ``loaded`` yourself: a host shard goes through the layer's loader straight
+    into the staging tensor, so staging a layer's shards allocates the staging tensor and
+    nothing else on the device (``torch.cuda.max_memory_allocated``, measured here)."""
+    config = _config(rng)
+    state = random_state_dict(config, rng.randrange(10_000))  # float32 host tensors, like a checkpoint's
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        model = Qwen3ForCausalLM(config, 0, 1, rng.choice(["int8", "fp8"]))
+    i = rng.randrange(config.num_hidden_layers)
+    layer = model.model.layers[i].mlp.gate_up_proj
+    shards = [(0, state[f"model.layers.{i}.mlp.gate_proj.weight"]), (1, state[f"model.layers.{i}.mlp.up_proj.weight"])]
+    rng.shuffle(shards)
+    staging_bytes = layer.weight.numel() * 2  # bfloat16
+    smallest = min(t.numel() for _, t in shards) * 2  # the smallest copy of a shard: in bfloat16, on the device
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    for shard_id, loaded in shards:
+        layer.weight.weight_loader(layer.weight, loaded, shard_id)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert layer.staging is not None and layer.staging.is_cuda and layer.staged_shards == {0, 1}, \
+        f"seed {SEED}: both shards staged on the GPU"
+    assert extra < staging_bytes + smallest, (
+        f"seed {SEED}: staging two host shards allocated {extra} bytes of device memory at the peak; the staging "
+        f"tensor is {staging_bytes} bytes and nothing else is allocated (the loader copies each shard into it: "
+        f"never copy loaded yourself)")
+    for shard_id, loaded in shards:
+        start, rows = layer.shard_rows(shard_id)
+        assert torch.equal(layer.staging[start:start + rows].cpu(), loaded.to(torch.bfloat16)), \
+            f"seed {SEED}: shard {shard_id} is not in its rows of the staging tensor"
+
+
 # ---- ch03.quantize_fp8 ------------------------------------------------------------------------
 
 @FP8
