@@ -268,13 +268,18 @@ def test_stage_shard_host_shards_are_not_copied_to_the_device_first(rng):
     rng.shuffle(shards)
     staging_bytes = layer.weight.numel() * 2  # bfloat16
     smallest = min(t.numel() for _, t in shards) * 2  # the smallest copy of a shard: in bfloat16, on the device
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    for shard_id, loaded in shards:
-        layer.weight.weight_loader(layer.weight, loaded, shard_id)
-    torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
+    gc.collect()  # an earlier case's model freed inside the window would hide allocations made in it
+    gc.disable()
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        for shard_id, loaded in shards:
+            layer.weight.weight_loader(layer.weight, loaded, shard_id)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+    finally:
+        gc.enable()
     assert layer.staging is not None and layer.staging.is_cuda and layer.staged_shards == {0, 1}, \
         f"seed {SEED}: both shards staged on the GPU"
     assert extra < staging_bytes + smallest, (

@@ -6,6 +6,7 @@ message). Expected layouts are computed here from the rules, never read back fro
 code under test; the sender is checked by decoding its payloads here, holding them as an
 engine does until it acknowledges them, and reading them again just before the release.
 """
+import gc
 import math
 import multiprocessing as mp
 import queue
@@ -658,12 +659,17 @@ def test_pack_into_a_reused_device_buffer_allocates_no_device_memory(rng):
     out = torch.empty(need + r.choice([0, 64]), dtype=torch.uint8, device="cuda")
     smallest = min(t.numel() * t.element_size() for _, t in pairs)
     for round_ in range(2):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        packed = bucket.pack(pairs, out=out)
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated() - base
+        gc.collect()  # anything freed inside the window would hide allocations made in it
+        gc.disable()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            packed = bucket.pack(pairs, out=out)
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - base
+        finally:
+            gc.enable()
         assert extra < smallest, (f"{seed}: round {round_}: packing {len(pairs)} tensors ({need} bytes) into the given "
                                   f"device buffer allocated {extra} more bytes of device memory at its peak; it writes "
                                   f"each tensor once into the buffer and allocates nothing (see pack's contract)")
