@@ -134,6 +134,23 @@ def test_int8_empty_weight_and_bad_input(rng):
         assert torch.equal(w.nan_to_num(), before.nan_to_num()), f"seed {SEED}: the input weight was changed"
 
 
+@INT8
+@pytest.mark.cuda
+def test_int8_a_weight_on_the_gpu_is_quantized_on_the_gpu(rng):
+    """``q`` and ``scale`` are new tensors beside ``w``: a weight on the GPU gives kernel tensors
+    on the GPU (no trip through host memory), with the same values as on the host."""
+    rows, cols = rng.randint(1, 160), rng.randint(1, 300)
+    w = (torch.randn(rows, cols, generator=_gen(rng)) * 10 ** rng.uniform(-3, 2)).to(rng.choice([torch.float32, torch.bfloat16]))
+    w[rng.randrange(rows)] = tie_row(rng, cols).to(w.dtype)
+    q, s = quantize_int8_per_channel(w.cuda())
+    assert q.is_cuda and s.is_cuda, (f"seed {SEED}: a weight on cuda was quantized into q on {q.device} and scale on "
+                                     f"{s.device}; both belong beside the weight, on the GPU")
+    wq, ws = int8_oracle(w)
+    for msg in (_first_difference(s.cpu(), ws, f"seed {SEED}, scales of a GPU weight"),
+                _first_difference(q.cpu(), wq, f"seed {SEED}, int8 values of a GPU weight")):
+        assert msg is None, msg
+
+
 # ---- ch03.stage_shard -------------------------------------------------------------------------
 
 QUANTIZERS = {"int8": quantize_int8_per_channel, "fp8": quantize_fp8_block}
@@ -333,6 +350,22 @@ def test_fp8_empty_weights_and_bad_input(rng):
         w[rng.randrange(rows), rng.randrange(k)] = value
         with pytest.raises(ValueError):
             quantize_fp8_block(w)
+
+
+@FP8
+@pytest.mark.cuda
+def test_fp8_a_weight_on_the_gpu_is_quantized_on_the_gpu(rng):
+    """``q`` and ``scale`` are new tensors beside ``w``: a weight on the GPU gives kernel tensors
+    on the GPU, with the same values as on the host."""
+    rows, cols = rng.randint(129, 300), rng.randint(1, 300)
+    w = (torch.randn(rows, cols, generator=_gen(rng)) * 10 ** rng.uniform(-3, 2)).to(rng.choice([torch.float32, torch.bfloat16]))
+    q, s = quantize_fp8_block(w.cuda())
+    assert q.is_cuda and s.is_cuda, (f"seed {SEED}: a weight on cuda was quantized into q on {q.device} and scale on "
+                                     f"{s.device}; both belong beside the weight, on the GPU")
+    wq, ws = fp8_oracle(w)
+    for msg in (_first_difference(s.cpu(), ws, f"seed {SEED}, tile scales of a GPU weight"),
+                _first_difference(q.cpu(), wq, f"seed {SEED}, fp8 values of a GPU weight")):
+        assert msg is None, msg
 
 
 # ---- ch03.requantize_in_place -----------------------------------------------------------------
