@@ -134,6 +134,26 @@ def test_int8_empty_weight_and_bad_input(rng):
         assert torch.equal(w.nan_to_num(), before.nan_to_num()), f"seed {SEED}: the input weight was changed"
 
 
+@INT8
+@pytest.mark.cuda
+def test_int8_a_weight_on_the_gpu_is_quantized_on_the_gpu(rng):
+    """``q`` and ``scale`` are new tensors beside ``w``: a weight on the GPU gives kernel tensors
+    on the GPU (no trip through host memory). Values are compared with the host's within the
+    GPU's rounding (its division by a scalar multiplies by the reciprocal: a scale may differ
+    in its last bit, so a value on a rounding tie may land one step away)."""
+    rows, cols = rng.randint(1, 160), rng.randint(1, 300)
+    w = (torch.randn(rows, cols, generator=_gen(rng)) * 10 ** rng.uniform(-3, 2)).to(rng.choice([torch.float32, torch.bfloat16]))
+    q, s = quantize_int8_per_channel(w.cuda())
+    assert q.is_cuda and s.is_cuda, (f"seed {SEED}: a weight on cuda was quantized into q on {q.device} and scale on "
+                                     f"{s.device}; both belong beside the weight, on the GPU")
+    assert q.dtype == torch.int8 and q.shape == (rows, cols) and s.dtype == torch.float32 and s.shape == (rows,), \
+        f"seed {SEED}: got {q.dtype} {list(q.shape)} / {s.dtype} {list(s.shape)}, expected int8 [{rows}, {cols}] / float32 [{rows}]"
+    wq, ws = int8_oracle(w)
+    assert torch.allclose(s.cpu(), ws, rtol=1e-6, atol=0), f"seed {SEED}: scales of a GPU weight are not max|row| / 127"
+    steps = (q.cpu().int() - wq.int()).abs().max().item()
+    assert steps <= 1, f"seed {SEED}: int8 values of a GPU weight are {steps} steps from round(w / scale)"
+
+
 # ---- ch03.stage_shard -------------------------------------------------------------------------
 
 QUANTIZERS = {"int8": quantize_int8_per_channel, "fp8": quantize_fp8_block}
@@ -252,6 +272,46 @@ def test_stage_shard_cuda_staging_lives_beside_the_kernel_tensors(rng):
         f"seed {SEED}: staging {layer.staging.dtype}, shards {layer.staged_shards}"
 
 
+@STAGE
+@pytest.mark.cuda
+def test_stage_shard_host_shards_are_not_copied_to_the_device_first(rng):
+    """Never copy ``loaded`` yourself: a host shard goes through the layer's loader straight
+    into the staging tensor, so staging a layer's shards allocates the staging tensor and
+    nothing else on the device (``torch.cuda.max_memory_allocated``, measured here)."""
+    config = _config(rng)
+    state = random_state_dict(config, rng.randrange(10_000))  # float32 host tensors, like a checkpoint's
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        model = Qwen3ForCausalLM(config, 0, 1, rng.choice(["int8", "fp8"]))
+    i = rng.randrange(config.num_hidden_layers)
+    layer = model.model.layers[i].mlp.gate_up_proj
+    shards = [(0, state[f"model.layers.{i}.mlp.gate_proj.weight"]), (1, state[f"model.layers.{i}.mlp.up_proj.weight"])]
+    rng.shuffle(shards)
+    staging_bytes = layer.weight.numel() * 2  # bfloat16
+    smallest = min(t.numel() for _, t in shards) * 2  # the smallest copy of a shard: in bfloat16, on the device
+    gc.collect()  # an earlier case's model freed inside the window would hide allocations made in it
+    gc.disable()
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        for shard_id, loaded in shards:
+            layer.weight.weight_loader(layer.weight, loaded, shard_id)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+    finally:
+        gc.enable()
+    assert layer.staging is not None and layer.staging.is_cuda and layer.staged_shards == {0, 1}, \
+        f"seed {SEED}: both shards staged on the GPU"
+    assert extra < staging_bytes + smallest, (
+        f"seed {SEED}: staging two host shards allocated {extra} bytes of device memory at the peak; the staging "
+        f"tensor is {staging_bytes} bytes and nothing else is allocated (the loader copies each shard into it: "
+        f"never copy loaded yourself)")
+    for shard_id, loaded in shards:
+        start, rows = layer.shard_rows(shard_id)
+        assert torch.equal(layer.staging[start:start + rows].cpu(), loaded.to(torch.bfloat16)), \
+            f"seed {SEED}: shard {shard_id} is not in its rows of the staging tensor"
+
+
 # ---- ch03.quantize_fp8 ------------------------------------------------------------------------
 
 @FP8
@@ -293,6 +353,29 @@ def test_fp8_empty_weights_and_bad_input(rng):
         w[rng.randrange(rows), rng.randrange(k)] = value
         with pytest.raises(ValueError):
             quantize_fp8_block(w)
+
+
+@FP8
+@pytest.mark.cuda
+def test_fp8_a_weight_on_the_gpu_is_quantized_on_the_gpu(rng):
+    """``q`` and ``scale`` are new tensors beside ``w``: a weight on the GPU gives kernel tensors
+    on the GPU. Values are checked within the GPU's rounding: scales within one last bit of
+    the host's, each value within e4m3's rounding error (2**-4 relative, 2**-10 of the scale
+    below its normal range)."""
+    rows, cols = rng.randint(129, 300), rng.randint(1, 300)
+    w = (torch.randn(rows, cols, generator=_gen(rng)) * 10 ** rng.uniform(-3, 2)).to(rng.choice([torch.float32, torch.bfloat16]))
+    q, s = quantize_fp8_block(w.cuda())
+    assert q.is_cuda and s.is_cuda, (f"seed {SEED}: a weight on cuda was quantized into q on {q.device} and scale on "
+                                     f"{s.device}; both belong beside the weight, on the GPU")
+    nb, kb = -(-rows // 128), -(-cols // 128)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (rows, cols) and s.dtype == torch.float32 and s.shape == (nb, kb), \
+        f"seed {SEED}: got {q.dtype} {list(q.shape)} / {s.dtype} {list(s.shape)}"
+    _, ws = fp8_oracle(w)
+    assert torch.allclose(s.cpu(), ws, rtol=1e-6, atol=0), f"seed {SEED}: tile scales of a GPU weight are not max|tile| / 448"
+    scale = s.cpu().repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+    err = (q.cpu().float() * scale - w.float()).abs()
+    bound = w.float().abs() * (2 ** -4 + 1e-6) + scale * 2 ** -10 * 1.001
+    assert bool((err <= bound).all()), f"seed {SEED}: fp8 values of a GPU weight are further from w / scale than e4m3's rounding"
 
 
 # ---- ch03.requantize_in_place -----------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold, plugged_commit
-from course_lib.weights.audit import AddressAudit, AddressMovedError, kernel_tensors
+from course_lib.weights.audit import AddressAudit, AddressMovedError, TensorAddress, kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
 from course_lib.weights.copy_plan import CopyPlan
 from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
@@ -333,3 +333,63 @@ def test_graph_outputs_are_audited_on_the_gpu(tmp_path, rng):
     outputs[bs] = outputs[bs].clone()
     with pytest.raises(AddressMovedError, match=rf"cuda_graph_logits\[{bs}\]"):
         engine.verify_addresses()
+
+
+# ---- buffers and addresses (issue 26: mistakes that slipped past every case) ----------------
+
+@RECORD
+def test_record_takes_each_tensors_own_address_for_views_into_a_storage(rng):
+    """``data_ptr`` is the tensor's own address (``TensorAddress.of``), which for a view further
+    into a storage is not the storage's start; the record still holds the whole storage."""
+    r, seed = rng
+    big = torch.randn(r.randint(6, 12), r.randint(4, 9))
+    k = r.randint(1, big.shape[0] - 2)
+    tensors = {"whole": big, f"rows {k}:": big[k:], f"row {k}": big[k], "transposed": big.t(),
+               "a column": big[:, r.randint(1, big.shape[1] - 1)], "a flat tail": big.view(-1)[r.randint(1, 20):]}
+    names = list(tensors)
+    r.shuffle(names)
+    tensors = {n: tensors[n] for n in names}
+    audit = AddressAudit(tensors)
+    assert list(audit.recorded) == names, f"{seed}: recorded {list(audit.recorded)}, expected every entry in order {names}"
+    for name, t in tensors.items():
+        got, want = audit.recorded[name], TensorAddress.of(t)
+        for field in ("data_ptr", "shape", "dtype", "device"):
+            assert getattr(got, field) == getattr(want, field), (
+                f"{seed}: {name} (a view at storage offset {t.storage_offset()}): recorded {field} "
+                f"{getattr(got, field)!r}, the tensor's own is {getattr(want, field)!r}")
+        assert got.storage is not None and got.storage.data_ptr() == t.untyped_storage().data_ptr(), \
+            f"{seed}: the record of {name} does not hold that tensor's storage"
+
+
+@COPY
+@pytest.mark.cuda
+def test_host_tensors_go_straight_into_the_device_weights_without_a_device_copy(tmp_path, rng):
+    """No tensor is staged on the way: host tensors of the weights' own dtype are copied
+    straight into the device views, so the commit step allocates no device memory at all
+    (``torch.cuda.max_memory_allocated`` does not rise), and the weights hold the values."""
+    r, seed = rng
+    config = random_config(r)
+    (a,) = checkpoints(tmp_path, r, config, 1)
+    engine = Engine(a, device="cuda", max_model_len=64)
+    plan = CopyPlan.for_model(engine.model)
+    assert plan is not None, "an unquantized single-rank engine has a copy plan"
+    new = list(new_state(r, config).items())
+    r.shuffle(new)
+    sent = [(n, t.to(plan.views[n].dtype)) for n, t in new if plan.views.get(n) is not None]  # on the host
+    smallest = min(t.numel() * t.element_size() for _, t in sent)
+    gc.collect()  # an earlier case's engine freed inside the window would hide allocations made in it
+    gc.disable()
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        plan.apply(iter(sent))
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+    finally:
+        gc.enable()
+    assert extra < smallest, (f"{seed}: applying {len(sent)} host tensors allocated {extra} bytes of device memory at "
+                              f"its peak; each goes straight into its view (no staging copy on the device)")
+    for n, t in sent:
+        view = plan.views[n]
+        assert view.is_cuda and torch.equal(view.cpu(), t), f"{seed}: {n} does not hold the host tensor's values"

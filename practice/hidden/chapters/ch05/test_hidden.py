@@ -6,6 +6,7 @@ message). Expected layouts are computed here from the rules, never read back fro
 code under test; the sender is checked by decoding its payloads here, holding them as an
 engine does until it acknowledges them, and reading them again just before the release.
 """
+import gc
 import math
 import multiprocessing as mp
 import queue
@@ -582,3 +583,196 @@ def test_a_payload_of_the_wrong_types_is_refused_as_a_bucket_error(rng):
             pytest.fail(f"{seed}: {what}: validate raised {type(exc).__name__}: {exc}; a bucket that does not fit "
                         f"the contract is refused with BucketError naming what is wrong")
         pytest.fail(f"{seed}: {what} was accepted; validate must refuse it with BucketError")
+
+
+# ---- buffers, validators and devices (issue 26: mistakes that slipped past every case) ----
+
+@PACK
+def test_pack_refuses_a_caller_buffer_that_is_not_one_dimensional_uint8(rng):
+    """``out`` is a 1-D uint8 tensor, or a BucketError before anything is written: a buffer of
+    another dtype or shape is refused even when it has room for every byte."""
+    r, seed = rng
+    pairs = [p for p in random_pairs(r) if p[1].numel()] or [("x", torch.ones(3))]
+    _, need = expected_layout(pairs)
+    spare = r.randint(0, 32)
+    buffers = {"a float32 buffer": torch.full((need + spare,), 7.0),
+               "an int8 buffer": torch.full((need + spare,), 7, dtype=torch.int8),
+               "a bool buffer": torch.ones(need + spare, dtype=torch.bool),
+               "a 2-D uint8 buffer": torch.full((1, need + spare), 7, dtype=torch.uint8),
+               "a 2-D uint8 buffer of two rows": torch.full((2, need + spare), 7, dtype=torch.uint8)}
+    for what, out in buffers.items():
+        before = out.clone()
+        try:
+            got = bucket.pack(pairs, out=out)
+        except BucketError:
+            assert torch.equal(out, before), f"{seed}: {what} was refused, but only after bytes were written into it"
+            continue
+        pytest.fail(f"{seed}: {what} of {out.numel()} elements was accepted as the bucket's buffer (it came back as a "
+                    f"{got['flattened_tensor'].dtype} tensor of shape {tuple(got['flattened_tensor'].shape)}); "
+                    f"out must be a 1-D uint8 tensor, else BucketError naming its size and the {need} bytes needed")
+
+
+def strided_views(r):
+    """Tensors whose memory is not their row-major order: every kind of view a model hands out."""
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    big = (torch.randn(r.randint(6, 9), r.randint(6, 9), generator=gen) * 50).to(r.choice(DTYPES[:5]))
+    row = torch.randn(r.randint(2, 5), generator=gen)
+    return [("transposed", big.t()),
+            ("rows 2-4 (an offset into a larger storage)", big[2:5]),
+            ("every other row", big[::2]),
+            ("expanded (stride 0)", row.expand(r.randint(2, 4), row.numel())),
+            ("a scalar out of a larger tensor", big[1, 2]),
+            ("an empty slice", big[3:3]),
+            ("a slice of a transposed view", big.t()[1:4, 2:])]
+
+
+@PACK
+def test_pack_copies_views_in_row_major_order_whatever_their_strides(rng):
+    """Each tensor's slot holds ``numel * element_size`` bytes, its elements in row-major order,
+    for views that are transposed, sliced, strided or expanded (not the bytes of its storage)."""
+    r, seed = rng
+    views = strided_views(r)
+    r.shuffle(views)
+    for out in (None, torch.empty(expected_layout(views)[1] + r.randint(0, 32), dtype=torch.uint8)):
+        packed = bucket.pack(views, out=out)
+        flat, meta = packed["flattened_tensor"], list(packed["metadata"])
+        want, end = expected_layout(views)
+        got = [(m.name, tuple(m.shape), m.dtype, m.start_idx, m.end_idx, m.numel) for m in meta]
+        assert got == want, f"{seed}: views of larger tensors: metadata {got}, expected {want}"
+        for (name, t), (_, _, _, start, stop, _) in zip(views, want):
+            assert torch.equal(flat[start:stop], as_bytes(t)), \
+                f"{seed}: the slot of {name} ({tuple(t.shape)}, strides {t.stride()}) does not hold its elements in row-major order"
+        assert_same(bucket.unpack(packed), views, seed, "views packed and read back")
+
+
+@PACK
+@pytest.mark.cuda
+def test_pack_into_a_reused_device_buffer_allocates_no_device_memory(rng):
+    """A sender's buffer is reused bucket after bucket: packing into it allocates nothing on the
+    device (the allocator's peak stays put; no bucket-sized staging copy, no new buffer), and a
+    bucket asked for on the GPU is made there even from host tensors."""
+    r, seed = rng
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    pairs = [(f"w{i}", (torch.randn(r.randint(256, 2048), generator=gen) * 10).to(r.choice(DTYPES[:5])).cuda())
+             for i in range(r.randint(6, 12))]
+    _, need = expected_layout(pairs)
+    out = torch.empty(need + r.choice([0, 64]), dtype=torch.uint8, device="cuda")
+    smallest = min(t.numel() * t.element_size() for _, t in pairs)
+    for round_ in range(2):
+        gc.collect()  # anything freed inside the window would hide allocations made in it
+        gc.disable()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            packed = bucket.pack(pairs, out=out)
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - base
+        finally:
+            gc.enable()
+        assert extra < smallest, (f"{seed}: round {round_}: packing {len(pairs)} tensors ({need} bytes) into the given "
+                                  f"device buffer allocated {extra} more bytes of device memory at its peak; it writes "
+                                  f"each tensor once into the buffer and allocates nothing (see pack's contract)")
+        flat = packed["flattened_tensor"]
+        assert flat.data_ptr() == out.data_ptr() and flat.is_cuda, f"{seed}: the bucket lives in the given buffer"
+        assert_same([(n, t.cpu()) for n, t in bucket.unpack(packed)], [(n, t.cpu()) for n, t in pairs], seed,
+                    f"round {round_} in a reused device buffer")
+        pairs = [(n, t + 1 if t.dtype.is_floating_point else t ^ 1) for n, t in pairs]
+    host = [(n, t.cpu()) for n, t in pairs]
+    got = bucket.pack(host, device="cuda")
+    assert got["flattened_tensor"].is_cuda, (f"{seed}: host tensors packed with device='cuda' came back on "
+                                             f"{got['flattened_tensor'].device}: the bucket is made on the device asked for")
+    assert_same([(n, t.cpu()) for n, t in bucket.unpack(got)], host, seed, "host tensors packed on the GPU")
+
+
+@VALIDATE
+def test_validate_refuses_negative_and_boolean_sizes_and_offsets(rng):
+    """Every shape size a non-negative int (a pair of negative sizes multiplies to a positive
+    numel; True and False are not sizes), every offset and count an int (never a bool)."""
+    r, seed = rng
+    n = r.randint(4, 12)
+    flat = torch.zeros(64, dtype=torch.uint8)
+    start = 16 * r.randint(0, 2)
+    good = FlattenedTensorMetadata("good", torch.Size([n]), torch.uint8, start, start + n, n)
+    bucket.validate(flat, [good])
+    a, b = r.choice([(2, 3), (1, 5), (3, 3), (2, 4)])
+    bad = {"negative sizes (-a, -b)": FlattenedTensorMetadata("neg", (-a, -b), torch.uint8, start, start + a * b, a * b),
+           "a negative size (-1) times -n": FlattenedTensorMetadata("neg1", [-1, -n], torch.uint8, start, start + n, n),
+           "a size True": FlattenedTensorMetadata("booldim", (True, n), torch.uint8, start, start + n, n),
+           "a size False": FlattenedTensorMetadata("falsedim", [n, False], torch.uint8, start, start, 0),
+           "a start_idx False": FlattenedTensorMetadata("boolstart", (1,), torch.uint8, False, 1, 1),
+           "an end_idx True": FlattenedTensorMetadata("boolend", (1,), torch.uint8, 0, True, 1)}
+    for what, m in bad.items():
+        where = r.randint(0, 1)
+        metadata = [good, m] if where else [m, good]
+        try:
+            bucket.validate(flat, metadata)
+        except BucketError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the wrong kind of refusal, shown to the learner
+            pytest.fail(f"{seed}: an entry with {what} ({m.shape}, [{m.start_idx!r}, {m.end_idx!r}), numel {m.numel!r}): "
+                        f"validate raised {type(exc).__name__}: {exc}; expected BucketError")
+        pytest.fail(f"{seed}: an entry with {what} (shape {m.shape}, offsets [{m.start_idx!r}, {m.end_idx!r}), numel "
+                    f"{m.numel!r}) was accepted; sizes are non-negative ints and offsets ints, never bools")
+
+
+@VALIDATE
+@pytest.mark.cuda
+def test_validate_buckets_on_the_gpu_in_both_layouts(rng):
+    """A bucket on the GPU (``"cuda"`` is one of ``DEVICES``), in SGLang's element layout or the
+    byte layout, is validated like one on the host: accepted when good, a corruption refused."""
+    r, seed = rng
+    pairs = nonempty_pairs(r)
+    packed = bucket.pack([(n, t.cuda()) for n, t in pairs])
+    flat, meta = packed["flattened_tensor"], list(packed["metadata"])
+    assert flat.is_cuda, f"{seed}: a bucket of GPU tensors is made on the GPU"
+    bucket.validate(flat, meta)
+    bad, name, kind = corrupt(r, meta, flat.numel(), r.choice(["overrun", "span", "misaligned"]))
+    with pytest.raises(BucketError, match=name.replace(".", r"\.")):
+        bucket.validate(flat, bad)
+        pytest.fail(f"{seed}: a GPU bucket whose entry {name} has {kind!r} is refused")
+    sglang = bucket.pack_sglang([(f"s{i}", torch.randn(r.randint(1, 9), device="cuda")) for i in range(3)])
+    bucket.validate(sglang["flattened_tensor"], sglang["metadata"])
+    m = sglang["metadata"][r.randrange(3)]
+    bad = [FlattenedTensorMetadata(x.name, x.shape, x.dtype, x.start_idx, x.end_idx + (x is m), x.numel)
+           for x in sglang["metadata"]]
+    with pytest.raises(BucketError):
+        bucket.validate(sglang["flattened_tensor"], bad)
+        pytest.fail(f"{seed}: a GPU SGLang bucket whose entry {m.name} spans numel + 1 elements is refused")
+
+
+@RECEIVE
+def test_receive_refuses_boolean_sizes_before_touching_the_group(rng):
+    """A size is a non-negative int: True and False are refused like any other non-integer."""
+    r, seed = rng
+    good = random_pairs(r, 3)
+    names, dtypes, shapes = [n for n, _ in good], [str(t.dtype) for _, t in good], [list(t.shape) for _, t in good]
+    k = r.randrange(3)
+    for size in (True, False):
+        shape = [r.randint(1, 4), size] if r.random() < 0.5 else [size]
+        with pytest.raises(ValueError):
+            dist.receive_bucket(None, names, dtypes, shapes[:k] + [shape] + shapes[k + 1:], "cpu")
+            pytest.fail(f"{seed}: a request whose shape {shape} has a size {size!r} raises ValueError before any receive")
+
+
+@RECEIVE
+@pytest.mark.cuda
+def test_receive_lands_the_bucket_on_the_device_asked_for(rng):
+    """``device="cuda"``: the buffer and every returned view are on the GPU (not on the host),
+    with the bytes the sender packed; each bucket in its own buffer."""
+    r, seed = rng
+    buckets = [nonempty_pairs(r) for _ in range(2)]
+    port, errors = dist.free_port(), []
+    thread = sender_thread(port, buckets, errors)
+    group, _ = dist.new_group("127.0.0.1", port, 1, 2, "hidden", "gloo", timeout_s=30)
+    got = []
+    for pairs in buckets:
+        got.append(dist.receive_bucket(group, [n for n, _ in pairs], [t.dtype for _, t in pairs],
+                                       [list(t.shape) for _, t in pairs], "cuda"))
+    thread.join(30)
+    assert not errors, f"{seed}: the sender failed: {errors}"
+    for i, (views, pairs) in enumerate(zip(got, buckets)):
+        where = sorted({str(t.device) for _, t in views})
+        assert all(t.is_cuda for _, t in views), (f"{seed}: bucket {i} received with device='cuda' came back on {where}: "
+                                                   f"the buffer is made on the device asked for")
+        assert_same([(n, t.cpu()) for n, t in views], pairs, seed, f"bucket {i} received on the GPU")

