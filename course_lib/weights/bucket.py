@@ -133,8 +133,9 @@ def pack(named_tensors, out: torch.Tensor | None = None, device=None) -> dict:
     elif out.dtype != torch.uint8 or out.dim() != 1 or out.numel() < need:
         raise BucketError(f"buffer of {out.numel()} {out.dtype} elements cannot hold {need} bytes")
     for m, (_, t) in zip(meta, named_tensors):
-        # The one copy: the tensor's bytes into its slot (reshape(-1) avoids a copy when contiguous).
-        out[m.start_idx:m.end_idx].copy_(t.reshape(-1).view(torch.uint8))
+        # The one copy: the slot seen as the tensor's dtype and shape (aligned, so the view is
+        # legal), so copy_ writes row-major whatever the tensor's strides, with no temporary.
+        out[m.start_idx:m.end_idx].view(t.dtype).view(t.shape).copy_(t)
     return {"flattened_tensor": out[:need] if need < out.numel() else out, "metadata": meta}
     # END EXERCISE
 

@@ -623,7 +623,10 @@ def strided_views(r):
             ("expanded (stride 0)", row.expand(r.randint(2, 4), row.numel())),
             ("a scalar out of a larger tensor", big[1, 2]),
             ("an empty slice", big[3:3]),
-            ("a slice of a transposed view", big.t()[1:4, 2:])]
+            ("a slice of a transposed view", big.t()[1:4, 2:]),
+            ("a column (one element per row)", big[:, 3]),
+            ("every other column", big[:, ::2]),
+            ("every other element of a row", big[2, ::2])]
 
 
 @PACK
