@@ -214,6 +214,10 @@ def order_cases(r):
          R.Layout.split(shape, 4, 0)),
         ("three trainer column blocks to two engine row blocks", (rows, 3), R.Layout.split((rows, 3), 3, 1),
          R.Layout.split((rows, 3), 2, 0)),
+        ("the same row split on both sides (boxes that only touch meet nowhere)", shape,
+         R.Layout.split(shape, 2, 0), R.Layout.split(shape, 2, 0)),
+        ("an uneven engine split", (rows + 1, cols), R.Layout.split((rows + 1, cols), 2, 1),
+         R.Layout.split((rows + 1, cols), 2, 0)),
     ]
     for i in range(40):
         shape, dtype, src, dst = random_case(r)
