@@ -457,6 +457,41 @@ def test_random_tensors_arrive_in_place_over_gloo(rng, trainer_first):
 
 
 @RECEIVE
+def test_column_pieces_and_several_pieces_per_shard_arrive_in_place(rng):
+    # Explicit, whatever the draw: every engine shard gets two pieces from two trainer ranks;
+    # for w0 each piece is a block of columns of the shard (not a contiguous view), for w1 a
+    # block of rows, for w2 uneven blocks of columns; a small window makes receives wait.
+    r, seed = rng
+    rows, cols = 2 * r.randint(2, 4), 2 * r.randint(2, 4)
+    tensors = {"w0": ((rows, cols), torch.float32), "w1": ((rows, cols), torch.bfloat16),
+               "w2": ((rows, cols + 1), torch.float32)}
+    sources = {"w0": R.Layout.split((rows, cols), 2, 1), "w1": R.Layout.split((rows, cols), 2, 0),
+               "w2": R.Layout.split((rows, cols + 1), 2, 1)}
+    dests = {"w0": R.Layout.split((rows, cols), 2, 0), "w1": R.Layout.split((rows, cols), 2, 1),
+             "w2": R.Layout.split((rows, cols + 1), 2, 0)}
+    plan = own_plan(tensors, sources, dests)
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    full = {n: (torch.randn(sh, generator=gen) * 100).to(d) for n, (sh, d) in tensors.items()}
+    out, errors, hung = over_gloo(plan, [R.trainer_locals(full, plan, t) for t in range(2)], False, inflight_bytes=64)
+    where = f"{seed}: 2 trainer ranks (engines first in the group), each engine shard in two pieces"
+    assert not errors and not hung, f"{where}: every rank finishes without error: {errors or 'a rank hung'}"
+    for e in range(2):
+        shards = out[("e", e)]
+        assert set(shards) == set(tensors), f"{where}: engine rank {e} returns one shard per tensor it holds"
+        for n, t in plan.tensors.items():
+            want, got = full[n][R.box_slices(t.dest.boxes[e])], shards[n]
+            assert got.shape == want.shape and got.dtype == want.dtype, \
+                f"{where}: {n} on engine rank {e} is its shard {tuple(want.shape)} {want.dtype}, " \
+                f"got {tuple(got.shape)} {got.dtype}"
+            for p in plan.pieces_for(e):
+                if p.name == n:
+                    part = R.box_slices(p.dst_box)
+                    assert torch.equal(got[part], want[part]), \
+                        f"{where}: {n} on engine rank {e}: the piece from trainer rank {p.src} at " \
+                        f"{p.dst_box} of the shard holds other values than were sent (received somewhere else?)"
+
+
+@RECEIVE
 def test_a_tp2_engine_takes_a_random_trainer_layout_hot_equal_cold(tmp_path, rng):
     r, seed = rng
     config = preset("tiny")
