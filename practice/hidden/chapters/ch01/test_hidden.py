@@ -403,3 +403,103 @@ def test_block_hash_a_new_salt_makes_every_cached_block_unreachable(rng):
         served = seq.num_cached_tokens  # deallocate resets it
         bm.deallocate(seq)
         assert served == want, where(f"with salt {salt} the cache served {served} tokens, expected {want}")
+
+
+# Salts and prefixes near each other (a salt added to or XORed with the prefix makes some of
+# these meet), tokens one apart, reversed or rotated. -2 is left out on purpose: Python
+# hashes -1 and -2 alike, so a correct tuple hash cannot tell those two prefixes apart.
+NEAR_SALTS = [0, 1, 2, 3, 7]
+NEAR_PREFIXES = [-1, 0, 1, 2, 5, 6, 7, 8]
+
+
+def _variants(block):
+    one_up = block[:-1] + [(block[-1] + 1) % 256]
+    first_up = [(block[0] + 1) % 256] + block[1:]
+    return {"the block": block, "its last token + 1": one_up, "its first token + 1": first_up,
+            "reversed": block[::-1], "rotated": block[1:] + block[:1]}
+
+
+def _hash_under(salt, tokens, prefix):
+    bm = BlockManager(num_blocks=8, block_size=len(tokens))
+    bm.salt = salt
+    return bm.compute_hash(list(tokens), prefix)
+
+
+def _first_wrong_pair(items):
+    """items: (label, key, hash). The first pair whose hashes are equal while their keys
+    differ, or differ while their keys are equal; None when the hash tells keys apart exactly."""
+    by_hash, by_key = {}, {}
+    for label, k, h in items:
+        if h in by_hash and by_hash[h][1] != k:
+            return by_hash[h][0], label, "the same hash", "different"
+        if k in by_key and by_key[k][2] != h:
+            return by_key[k][0], label, "different hashes", "equal"
+        by_hash.setdefault(h, (label, k))
+        by_key.setdefault(k, (label, k, h))
+    return None
+
+
+@block_hash
+def test_block_hash_equal_exactly_when_salt_prefix_and_tokens_are(rng):
+    block = rng.sample(range(256), 4)
+    items = []
+    for salt in NEAR_SALTS + [rng.randrange(10, 10**6)]:
+        for prefix in NEAR_PREFIXES + [rng.randrange(10, 2**62)]:
+            for what, tokens in _variants(block).items():
+                label = f"salt {salt}, prefix {prefix}, {what} {tokens}"
+                items.append((label, (salt, prefix, tuple(tokens)), _hash_under(salt, tokens, prefix)))
+                # The same three again, from another BlockManager: the same hash.
+                items.append((label + " (again)", (salt, prefix, tuple(tokens)), _hash_under(salt, tokens, prefix)))
+    wrong = _first_wrong_pair(items)
+    assert wrong is None, where(
+        f"compute_hash gives {wrong[2]} for [{wrong[0]}] and [{wrong[1]}], whose salt, prefix and tokens are "
+        f"{wrong[3]}: it must be equal exactly when the salt, the prefix and the tokens (in order) are equal")
+
+
+def _chains(rng):
+    a, b, c = (rng.sample(range(256), 4) for _ in range(3))
+    named = {"A": a, "B": b, "C": c, "A'": a[:-1] + [(a[-1] + 1) % 256]}
+    seqs = [[x] for x in "ABC"] + [[x, y] for x in "ABC" for y in "ABC"]
+    seqs += [[x, y, z] for x in "ABC" for y in "ABC" for z in "ABC"]
+    seqs += [["A'", "B"], ["A'", "B", "C"], ["B", "A'"], ["A", "B", "A'"]]
+    return named, seqs
+
+
+@block_hash
+def test_block_hash_chains_equal_exactly_for_equal_salt_and_prefix(rng):
+    # A block's hash stands for the salt and every token up to the block's end, in order:
+    # blocks swapped, a block repeated, one token apart, another salt: all different keys.
+    named, seqs = _chains(rng)
+    items = []
+    for salt in [0, 1, 2, rng.randrange(3, 10**6)]:
+        bm = BlockManager(num_blocks=8, block_size=4)
+        bm.salt = salt
+        for seq in seqs:
+            h, tokens = -1, []
+            for k, name in enumerate(seq):
+                h = bm.compute_hash(list(named[name]), h)
+                tokens += named[name]
+                items.append((f"salt {salt}, block {k + 1} of {'+'.join(seq)}", (salt, tuple(tokens)), h))
+    wrong = _first_wrong_pair(items)
+    blocks = ", ".join(f"{n} = {t}" for n, t in named.items())
+    assert wrong is None, where(
+        f"chained block hashes: {wrong[2]} for [{wrong[0]}] and [{wrong[1]}] ({blocks}), whose salt and tokens up "
+        f"to that block are {wrong[3]}: equal hashes must mean the same salt and the same prefix, in order")
+
+
+@block_hash
+def test_block_hash_swapped_blocks_are_different_cache_entries(rng):
+    # x + y, then y + x, then x + y again: the third request finds x + y still cached.
+    named, _ = _chains(rng)
+    x, y = named["A"], named["B"]
+    bm = BlockManager(num_blocks=64, block_size=4)
+    params = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
+    tail = [rng.randrange(256)]
+    for label, prompt, want in [("x + y", x + y + tail, 0), ("y + x", y + x + tail, 0),
+                                ("x + y again", x + y + tail, 8), ("y + x again", y + x + tail, 8)]:
+        seq = Sequence(prompt, params, block_size=4)
+        bm.allocate(seq)
+        served = seq.num_cached_tokens
+        bm.deallocate(seq)
+        assert served == want, where(f"after x + y and y + x (x = {x}, y = {y}), {label} was served {served} cached "
+                                     f"tokens, expected {want}: swapped blocks are different prefixes")

@@ -195,6 +195,52 @@ def test_a_whole_model_planned_from_a_random_trainer_layout_loads_hot_equal_cold
         assert plan.bytes_received(rank) == want, f"{seed}: engine rank {rank} receives {want} B"
 
 
+def ordered(pieces):
+    return [key(p) for p in pieces]
+
+
+def order_cases(r):
+    """Explicit layouts where the contract's order shows, then random ones."""
+    rows, cols = 2 * r.randint(2, 5), 2 * r.randint(1, 4)
+    shape = (rows, cols)
+    cut = r.randint(1, rows - 1)
+    flipped = R.Layout.explicit(shape, [((cut, rows), (0, cols)), ((0, cut), (0, cols))])  # rank 0 holds the end
+    cases = [
+        ("trainer rows to engine columns", shape, R.Layout.split(shape, 2, 0), R.Layout.split(shape, 2, 1)),
+        ("a trainer whose rank 0 holds the last rows", shape, flipped, R.Layout.split(shape, 2, 1)),
+        ("that trainer into one engine rank", shape, flipped, R.Layout.replicated(shape, 1)),
+        ("replicas, the later box held first", shape,
+         R.Layout.explicit(shape, [flipped.boxes[0], flipped.boxes[1], flipped.boxes[0], flipped.boxes[1]]),
+         R.Layout.split(shape, 4, 0)),
+        ("three trainer column blocks to two engine row blocks", (rows, 3), R.Layout.split((rows, 3), 3, 1),
+         R.Layout.split((rows, 3), 2, 0)),
+        ("the same row split on both sides (boxes that only touch meet nowhere)", shape,
+         R.Layout.split(shape, 2, 0), R.Layout.split(shape, 2, 0)),
+        ("an uneven engine split", (rows + 1, cols), R.Layout.split((rows + 1, cols), 2, 1),
+         R.Layout.split((rows + 1, cols), 2, 0)),
+    ]
+    for i in range(40):
+        shape, dtype, src, dst = random_case(r)
+        cases.append((f"random case {i}", shape, src, dst))
+    return cases
+
+
+@PLAN
+def test_pieces_come_in_the_contracts_order(rng):
+    # The order is part of the contract (every rank walks the plan in it): engine ranks
+    # ascending, then the distinct source boxes in the order of their first holder.
+    r, seed = rng
+    for label, shape, src, dst in order_cases(r):
+        want = ordered(expected_pieces("w", shape, F32, src, dst))
+        got = ordered(R.plan_tensor("w", shape, F32, src, dst).pieces)
+        where = f"{seed}, {label}: shape {shape}, trainer boxes {src.boxes}, engine boxes {dst.boxes}"
+        assert sorted(got) == sorted(want), f"{where}: other pieces than expected"
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        assert at is None, (f"{where}: the right pieces in another order; piece {at} should be {want[at]}, got "
+                            f"{got[at]} (src, dst, region, src_box, dst_box, nbytes). The order: engine ranks "
+                            f"ascending, then source boxes in the order of their first holder")
+
+
 # ---- ch06.plan_check ------------------------------------------------------------------------
 
 def checked_case(r):
@@ -275,6 +321,76 @@ def test_pieces_from_a_non_holder_or_to_an_empty_rank_are_refused(rng):
         with_pieces(plan, plan.pieces + [stray]).check()
 
 
+def defects(plan, e, r):
+    """Ways to break engine rank ``e``'s pieces of a one-tensor plan, each one the check refuses."""
+    pieces = plan.pieces
+    mine = [p for p in pieces if p.dst == e]
+    p = r.choice(mine)
+    (t,) = plan.tensors.values()
+    others = [s for s, b in enumerate(t.source.boxes) if b is None or R.intersect(p.region, b) != p.region]
+    out = {"a missing piece (a gap)": [q for q in pieces if q is not p],
+           "a piece sent twice": pieces + [p],
+           "a piece moved one element past its shard": [shifted(p, r.randrange(len(p.region)), 1) if q is p else q
+                                                         for q in pieces]}
+    if others:
+        liar = R.Piece(p.name, others[0], p.dst, p.region, p.src_box, p.dst_box, p.nbytes)
+        out["a piece from a trainer rank that does not hold it"] = [liar if q is p else q for q in pieces]
+    empty = [d for d, b in enumerate(t.dest.boxes) if b is None]
+    if empty:
+        out["a piece to an engine rank that holds nothing"] = pieces + [R.Piece(p.name, p.src, empty[0], p.region,
+                                                                                 p.src_box, p.dst_box, p.nbytes)]
+    return out
+
+
+def many_tensor_plan(r, n):
+    """A correct plan of ``n`` tensors over one trainer world and one engine world (one engine
+    rank with nothing in the last tensor, so that defect has somewhere to go)."""
+    T, E = r.choice([1, 2, 3, 4]), r.choice([2, 3, 4])
+    tensors, sources, dests = {}, {}, {}
+    for i in range(n):
+        shape = tuple(r.randint(2, 8) for _ in range(r.choice([1, 2, 2, 3])))
+        name = f"model.layers.{i}.mlp.{r.choice(['gate', 'up', 'down'])}_proj.weight"
+        tensors[name] = (shape, r.choice(DTYPES))
+        sources[name] = random_layout(r, shape, T, True)
+        if i == n - 1:
+            boxes = random_partition(r, shape, E - 1)
+            dests[name] = R.Layout.explicit(shape, boxes + [None] * (E - len(boxes)))
+        else:
+            dests[name] = random_layout(r, shape, E, True)
+    return own_plan(tensors, sources, dests)
+
+
+def replaced(plan, name, pieces):
+    ts = {n: (R.TensorPlan(n, t.shape, t.dtype, t.source, t.dest, list(pieces)) if n == name else t)
+          for n, t in plan.tensors.items()}
+    return R.ReshardPlan(ts, plan.trainer_world_size, plan.engine_world_size)
+
+
+@CHECK
+def test_every_tensor_and_every_rank_of_a_plan_is_checked(rng):
+    # A plan holds many tensors: a fault in the last one, at its last engine rank, is refused
+    # like one in the first.
+    r, seed = rng
+    for i in range(8):
+        n = r.randint(2, 5)
+        plan = many_tensor_plan(r, n)
+        assert plan.check() is None, f"{seed}: a correct plan of {n} tensors passes"
+        names = list(plan.tensors)
+        for at in sorted({0, n // 2, n - 1}):
+            name = names[at]
+            t = plan.tensors[name]
+            one = R.ReshardPlan({name: t}, plan.trainer_world_size, plan.engine_world_size)
+            ranks = sorted({p.dst for p in t.pieces})
+            for e in sorted({ranks[0], ranks[-1]}):
+                for label, wrong in defects(one, e, r).items():
+                    bad = replaced(plan, name, wrong)
+                    with pytest.raises(R.ReshardError, match=name.replace(".", r"\.")):
+                        bad.check()
+                        raise AssertionError(
+                            f"{seed}: plan {i}: {label} in tensor {at + 1} of {n} ({name}), engine rank {e}, passed "
+                            f"the check: every tensor and every engine rank of a plan is checked")
+
+
 # ---- ch06.receive_shards --------------------------------------------------------------------
 
 def over_gloo(plan, locals_by_rank, trainer_first=True, inflight_bytes=R.DEFAULT_INFLIGHT_BYTES):
@@ -338,6 +454,41 @@ def test_random_tensors_arrive_in_place_over_gloo(rng, trainer_first):
                 f"{where}: {n} on engine rank {e} is its shard {tuple(want.shape)} {want.dtype}, " \
                 f"got {tuple(got.shape)} {got.dtype} (never a whole tensor)"
             assert torch.equal(got, want), f"{where}: {n} on engine rank {e} holds other values than its shard"
+
+
+@RECEIVE
+def test_column_pieces_and_several_pieces_per_shard_arrive_in_place(rng):
+    # Explicit, whatever the draw: every engine shard gets two pieces from two trainer ranks;
+    # for w0 each piece is a block of columns of the shard (not a contiguous view), for w1 a
+    # block of rows, for w2 uneven blocks of columns; a small window makes receives wait.
+    r, seed = rng
+    rows, cols = 2 * r.randint(2, 4), 2 * r.randint(2, 4)
+    tensors = {"w0": ((rows, cols), torch.float32), "w1": ((rows, cols), torch.bfloat16),
+               "w2": ((rows, cols + 1), torch.float32)}
+    sources = {"w0": R.Layout.split((rows, cols), 2, 1), "w1": R.Layout.split((rows, cols), 2, 0),
+               "w2": R.Layout.split((rows, cols + 1), 2, 1)}
+    dests = {"w0": R.Layout.split((rows, cols), 2, 0), "w1": R.Layout.split((rows, cols), 2, 1),
+             "w2": R.Layout.split((rows, cols + 1), 2, 0)}
+    plan = own_plan(tensors, sources, dests)
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    full = {n: (torch.randn(sh, generator=gen) * 100).to(d) for n, (sh, d) in tensors.items()}
+    out, errors, hung = over_gloo(plan, [R.trainer_locals(full, plan, t) for t in range(2)], False, inflight_bytes=64)
+    where = f"{seed}: 2 trainer ranks (engines first in the group), each engine shard in two pieces"
+    assert not errors and not hung, f"{where}: every rank finishes without error: {errors or 'a rank hung'}"
+    for e in range(2):
+        shards = out[("e", e)]
+        assert set(shards) == set(tensors), f"{where}: engine rank {e} returns one shard per tensor it holds"
+        for n, t in plan.tensors.items():
+            want, got = full[n][R.box_slices(t.dest.boxes[e])], shards[n]
+            assert got.shape == want.shape and got.dtype == want.dtype, \
+                f"{where}: {n} on engine rank {e} is its shard {tuple(want.shape)} {want.dtype}, " \
+                f"got {tuple(got.shape)} {got.dtype}"
+            for p in plan.pieces_for(e):
+                if p.name == n:
+                    part = R.box_slices(p.dst_box)
+                    assert torch.equal(got[part], want[part]), \
+                        f"{where}: {n} on engine rank {e}: the piece from trainer rank {p.src} at " \
+                        f"{p.dst_box} of the shard holds other values than were sent (received somewhere else?)"
 
 
 @RECEIVE
