@@ -4,7 +4,10 @@ Fresh random checkpoints, seeds, pause modes, overlaps, labels and log-probabili
 run (the seed is in every message). What the sync did is read from the engine itself
 (its version label, its pause records, its update history, whether it is paused) and from
 the tokens it served, never from figures the learner's code returns alone; the weights
-are compared with values worked out here, token by token.
+are compared with values worked out here, token by token. The sync's own figures ("pause"
+and "continue", in ms) are checked against monotonic clocks this test moves by a known
+amount inside each engine call (``SteppedClocks``): what a figure includes and its unit,
+never how long anything really took.
 """
 import math
 import random
