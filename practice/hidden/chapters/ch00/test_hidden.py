@@ -102,6 +102,44 @@ def test_cold_start_phases_refuses_bad_marks(rng, case):
 
 
 
+@phases_case
+@pytest.mark.parametrize("case", ["repeat", "total", "backwards", "before_spawn", "nan", "inf", "neg_inf"])
+def test_cold_start_phases_refusals_name_the_mark(rng, case):
+    """The contract: a refused mark raises ``ValueError`` naming it (the message must let an
+    operator find the phase in the cold start's output)."""
+    r, seed = rng
+    start = r.uniform(1.6e9, 1.9e9)
+    words = r.sample(["import_torch", "device_init", "load_weights", "kv_pool", "graph_capture", "first_token",
+                      "tokenizer", "warmup", "audit"], r.randint(3, 6))
+    t, marks = start, []
+    for w in words:
+        t += r.uniform(0.01, 3.0)
+        marks.append((w, t))
+    i = r.randrange(1, len(marks))
+    name, at = marks[i]
+    named = {name}
+    if case == "repeat":
+        marks[i] = (marks[r.randrange(i)][0], at)
+        named = {marks[i][0]}
+    elif case == "total":
+        marks[i] = ("total", at)
+        named = {"total"}
+    elif case == "backwards":
+        marks[i] = (name, marks[i - 1][1] - r.uniform(1e-3, 1.0))
+        named = {name, marks[i - 1][0]}  # the mark that goes back, or the one it goes back from
+    elif case == "before_spawn":
+        marks[0] = (marks[0][0], start - r.uniform(1e-3, 1.0))
+        named = {marks[0][0]}
+    else:
+        marks[i] = (name, {"nan": math.nan, "inf": math.inf, "neg_inf": -math.inf}[case])
+    with pytest.raises(ValueError) as info:
+        phases_from_marks(start, marks)
+        pytest.fail(f"seed {seed}: {case}: marks {marks} were accepted")
+    message = str(info.value)
+    assert any(n in message for n in named), \
+        f"seed {seed}: {case}: the ValueError names the mark ({' or '.join(sorted(named))}); got {message!r}"
+
+
 # ch00.estimate_update ----------------------------------------------------------------------
 
 def _formula(nbytes, bandwidths, phases, chunks, num_gpus):
@@ -146,7 +184,8 @@ def test_estimate_update_zero_bytes(rng):
 
 @estimate_case
 @pytest.mark.parametrize("case", ["negative", "nan_bytes", "inf_bytes", "no_phases", "repeat", "total_phase",
-                                  "missing", "zero_bw", "negative_bw", "nan_bw", "chunks0", "gpus0", "chunks_float"])
+                                  "missing", "zero_bw", "negative_bw", "nan_bw", "chunks0", "gpus0", "chunks_float",
+                                  "chunks_true", "gpus_true", "gpus_false"])
 def test_estimate_update_refuses_bad_input(rng, case):
     r, seed = rng
     nbytes, bandwidths, phases, chunks, gpus = _random_case(r)
@@ -169,6 +208,8 @@ def test_estimate_update_refuses_bad_input(rng, case):
         chunks = 0
     elif case == "gpus0":
         gpus = 0
+    elif case in ("chunks_true", "gpus_true", "gpus_false"):  # a bool is not a count ("a whole number >= 1")
+        chunks, gpus = (True, gpus) if case == "chunks_true" else (chunks, case == "gpus_true")
     else:
         chunks = chunks + 0.5
     with pytest.raises(ValueError):

@@ -4,10 +4,14 @@ trainer's flow, against a real HTTP server on 127.0.0.1.
 Fresh random keys, checkpoints, versions, bucket sizes and request lengths each run (the
 seed is in every message). What the learner's client did is recorded on the server's side,
 by an ASGI layer of this test wrapped around the app (method, path, status and body of
-every request in arrival order), never by an object the client owns.
+every request in arrival order), never by an object the client owns. The flow's phase
+times are checked against a ``time.perf_counter`` this test moves by a known amount inside
+each call (``SteppedPerfCounter``), and the flush's sleeps are recorded, never waited for:
+no case depends on how long anything really took.
 """
 import base64
 import json
+import math
 import pickle
 import random
 import threading
@@ -20,7 +24,7 @@ from course_lib import Engine
 from course_lib.engine.pause import EngineBusyError, EnginePausedError
 from course_lib.server.client import EngineClient, EngineError
 from course_lib.server.errors import ApiError, from_engine_exception
-from course_lib.server.guard import OPEN_ROUTES, WEIGHT_ROUTES
+from course_lib.server.guard import OPEN_ROUTES, WEIGHT_ROUTES, GuardMiddleware
 from course_lib.server.runner import BackgroundServer
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.audit import AddressMovedError
@@ -220,6 +224,31 @@ def test_the_key_is_checked_before_the_weight_route_switch(world):
         srv.stop()
 
 
+@RULES
+def test_a_401_names_both_headers_a_key_may_come_in_and_a_403_route_disabled_the_switch(world):
+    """The contract's messages: 401 "naming both headers", route_disabled "naming the path
+    and --allow-weight-update" (checked on the rules themselves, every missing-key form)."""
+    seed = world.seed
+    r = random.Random(f"{seed}-messages")
+    key = r.randbytes(10).hex()
+    locked = GuardMiddleware(None, api_key=key, allow_weight_update=False, max_body_bytes=1 << 20)
+    route = r.choice(sorted(WEIGHT_ROUTES))
+    for headers in ({}, {b"authorization": b"Bearer"}, {b"authorization": b"Basic " + key.encode()},
+                    {b"x-api-key": b"  "}, {b"authorization": b"bearer   ", b"x-api-key": b""}):
+        err = locked.route_rules(route, headers)
+        assert isinstance(err, ApiError) and (err.status, err.code) == (401, "unauthorized"), \
+            f"seed {seed}: {route} with headers {headers}: expected 401 unauthorized, got {err!r}"
+        words = err.message.lower()
+        assert "authorization" in words and "x-api-key" in words, \
+            f"seed {seed}: a 401's message names both headers a key may come in (Authorization: Bearer and " \
+            f"X-API-Key), so the client knows what to send; got {err.message!r}"
+    err = locked.route_rules(route, {b"x-api-key": key.encode()})
+    assert isinstance(err, ApiError) and (err.status, err.code) == (403, "route_disabled") \
+        and route in err.message and "--allow-weight-update" in err.message, \
+        f"seed {seed}: {route} with the right key, switch off: 403 route_disabled naming the path and " \
+        f"--allow-weight-update; got {err!r} {getattr(err, 'message', '')!r}"
+
+
 # ---- ch07.error_status --------------------------------------------------------------------
 
 @STATUS
@@ -303,6 +332,34 @@ def test_each_engine_error_maps_to_its_status_code_and_retry_flag(world):
     assert from_engine_exception(same, Sick) is same, f"seed {seed}: an ApiError is returned unchanged"
 
 
+@STATUS
+def test_messages_say_what_the_contract_promises(world):
+    """Messages carry ``str(exc)``; the address audit's ends in "the engine refuses work until
+    restarted"; an unhealthy engine's names its reason; an internal error's keeps the words."""
+    seed = world.seed
+    r = random.Random(f"{seed}-status-messages")
+    words = f"layer {r.randrange(100)} weight moved from 0x{r.randrange(1 << 40):x}"
+
+    class Well:
+        unhealthy = None
+
+    class Sick:
+        unhealthy = f"NaN in layer {r.randrange(100)}"
+    got = from_engine_exception(AddressMovedError(words), Well)
+    assert (got.status, got.code) == (500, "address_moved") and words in got.message \
+        and got.message.rstrip(" .").endswith("the engine refuses work until restarted"), \
+        f"seed {seed}: AddressMovedError({words!r}): 500 address_moved, the message keeps the error's words and " \
+        f"ends in 'the engine refuses work until restarted'; got {got.status} {got.code} {got.message!r}"
+    got = from_engine_exception(RuntimeError(words), Sick)
+    assert Sick.unhealthy in got.message, \
+        f"seed {seed}: an unhealthy engine's 503 names its reason {Sick.unhealthy!r}; got {got.message!r}"
+    for exc in (EnginePausedError(words), EngineBusyError(words), UnsafePickleError(words), TimeoutError(words),
+                ValueError(words), RuntimeError(words)):
+        got = from_engine_exception(exc, Well)
+        assert words in got.message, \
+            f"seed {seed}: {type(exc).__name__}: the message carries str(exc) {words!r}; got {got.message!r}"
+
+
 # ---- ch07.flush_retry ---------------------------------------------------------------------
 
 def flush_replies(world, since: int) -> list:
@@ -365,6 +422,82 @@ def test_flush_raises_a_refusal_that_is_not_retryable_at_once(world):
         with pytest.raises(ValueError):
             c.flush_until_done(interval_s=0.001, tries=0)
     assert flush_replies(world, since) == [200], f"seed {seed}: tries=0 is refused before any call"
+
+
+class ScriptedFlushes:
+    """Stands in for ``client.flush_cache``: refuses with the given errors in turn, then
+    succeeds; counts the calls. ``time.sleep`` is recorded (this thread's calls only) and
+    returns at once, so slime's pace (1 s apart) costs this test nothing."""
+
+    def __init__(self, monkeypatch, refusals: list):
+        self.refusals, self.calls, self.sleeps = list(refusals), 0, []
+        me, real_sleep = threading.get_ident(), time.sleep
+
+        def recorded_sleep(seconds):
+            if threading.get_ident() != me:
+                return real_sleep(seconds)
+            self.sleeps.append((self.calls, seconds))
+        monkeypatch.setattr(time, "sleep", recorded_sleep)
+
+    def __call__(self):
+        self.calls += 1
+        if self.refusals:
+            raise self.refusals.pop(0)
+        return {"flushed": True}
+
+
+def busy(n: int) -> EngineError:
+    return EngineError(400, "requests_in_flight", f"refusal number {n}: requests still in flight", retryable=True)
+
+
+@FLUSH
+@pytest.mark.parametrize("ending", ["succeeds", "succeeds_on_the_last_try", "gives_up", "not_retryable",
+                                    "first_call"])
+def test_flush_sleeps_interval_s_between_calls_and_never_after_the_last(world, monkeypatch, ending):
+    """The contract: on a retryable refusal, sleep ``interval_s`` and call again, at most
+    ``tries`` calls; after the last refused call raise that error (no sleep after it); an
+    error that is not retryable is raised at once. The sleeps are recorded, in seconds."""
+    r = random.Random(f"{world.seed}-sleeps-{ending}")
+    seed, tries, interval = world.seed, r.randint(3, 8), r.choice([1.0, 0.25, 2.5])
+    if ending == "succeeds":
+        refused = r.randint(1, tries - 1)
+        refusals = [busy(i + 1) for i in range(refused)]
+        calls, sleeps = refused + 1, refused
+    elif ending == "succeeds_on_the_last_try":
+        refusals = [busy(i + 1) for i in range(tries - 1)]
+        calls, sleeps = tries, tries - 1
+    elif ending == "gives_up":
+        refusals = [busy(i + 1) for i in range(tries + 2)]
+        calls, sleeps = tries, tries - 1
+    elif ending == "not_retryable":
+        refused = r.randint(1, tries - 1)
+        refusals = [busy(i + 1) for i in range(refused)] + [EngineError(403, "forbidden", "wrong API key")]
+        calls, sleeps = refused + 1, refused
+    else:
+        refusals, calls, sleeps = [], 1, 0
+    with EngineClient("http://127.0.0.1:9") as c:  # never connects: flush_cache is scripted
+        script = ScriptedFlushes(monkeypatch, refusals)
+        c.flush_cache = script
+        try:
+            got = c.flush_until_done(interval_s=interval, tries=tries)
+            raised = None
+        except EngineError as exc:
+            got, raised = None, exc
+        finally:
+            monkeypatch.undo()
+    what = f"seed {seed}: {ending}: interval_s={interval}, tries={tries}"
+    assert script.calls == calls, f"{what}: expected {calls} flush calls, got {script.calls}"
+    want = [(i + 1, interval) for i in range(sleeps)]
+    assert script.sleeps == want, \
+        f"{what}: expected {sleeps} sleep(s) of interval_s={interval} s, one after each refused call that is " \
+        f"followed by another call (none after the last), as (calls so far, seconds): {want}; got {script.sleeps}"
+    if ending in ("succeeds", "succeeds_on_the_last_try", "first_call"):
+        assert raised is None and got == calls, f"{what}: returns the calls it took ({calls}); got {got!r} {raised!r}"
+    elif ending == "gives_up":
+        assert raised is not None and raised.message.startswith(f"refusal number {tries}:"), \
+            f"{what}: after the last refused call, that error (refusal number {tries}) is raised; got {raised!r}"
+    else:
+        assert raised is not None and raised.status == 403, f"{what}: the 403 is raised at once; got {raised!r}"
 
 
 # ---- ch07.client_flow ---------------------------------------------------------------------
@@ -432,6 +565,84 @@ def test_sync_from_tensors_makes_the_calls_in_order_and_is_hot_equal_cold(world,
         f"seed {seed}: total_s is the sum of the five phases: {times}"
     assert world.state() == (False, version), f"seed {seed}: serving again, labelled {version!r}: {world.state()}"
     world.hot_equals_cold(new, f"after a sync with pause mode {mode!r}")
+
+
+class SteppedPerfCounter:
+    """``time.perf_counter`` (and its ``_ns`` form) running as usual plus an offset that only
+    this test moves forward: each wrapped client call moves it by a known number of seconds
+    once its reply is in, so the phase a figure belongs to is known whatever the machine's
+    speed. The server's clocks that matter here (the event loop's ``time.monotonic``) are
+    left alone, and the server is idle, so nothing of it waits on this clock meanwhile."""
+
+    def __init__(self, monkeypatch):
+        self.offset, self.spent = 0.0, dict.fromkeys(CALL_S, 0.0)
+        real, real_ns = time.perf_counter, time.perf_counter_ns
+        monkeypatch.setattr(time, "perf_counter", lambda: real() + self.offset)
+        monkeypatch.setattr(time, "perf_counter_ns", lambda: real_ns() + int(self.offset * 1e9))
+
+    def spend(self, client, method: str, phase):
+        """``client.method`` moves the clock by its phase's ``CALL_S`` (``phase``: a name, or a
+        function giving it at call time)."""
+        original = getattr(client, method)
+
+        def costs_a_known_time(*args, **kwargs):
+            name = phase() if callable(phase) else phase
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.offset += CALL_S[name]
+                self.spent[name] += CALL_S[name]
+        setattr(client, method, costs_a_known_time)  # the instance's attribute: the flow's calls go through it
+
+
+# Seconds each client call moves time.perf_counter, by the phase it belongs to. Each is far longer
+# than anything the test really runs for, so a phase that holds another phase's call, or a figure
+# in ms, cannot pass for the right one.
+CALL_S = {"pause_s": 2.0e5, "flush_wait_s": 3.0e5, "update_s": 5.0e5, "flush_s": 4.0e5, "continue_s": 6.0e5}
+REAL_BOUND_S = 1.0e5  # what the real calls of a phase add stays far below this
+
+
+@FLOW
+@pytest.mark.parametrize("source", ["tensors", "disk"])
+def test_each_phase_is_the_seconds_of_its_own_calls_on_perf_counter(world, monkeypatch, source):
+    """The contract: ``pause_s`` .. ``continue_s`` are the seconds each step took, measured
+    with ``time.perf_counter`` (each from the end of the step before it), ``total_s`` their sum."""
+    r = random.Random(f"{world.seed}-clock-{source}")
+    seed, version = world.seed, f"clock-{r.randrange(10**6)}"
+    mode = r.choice([None, "abort", "retract", "wait"])
+    new = world.ckpts[r.choice([1, 2])]
+    world.reset(world.ckpts[0])
+    updated = []
+    with world.client() as c:
+        clock = SteppedPerfCounter(monkeypatch)
+        clock.spend(c, "pause_generation", "pause_s")
+        clock.spend(c, "flush_cache", lambda: "flush_s" if updated else "flush_wait_s")
+        for method in ("update_weights_from_tensor", "update_weights_from_disk"):
+            clock.spend(c, method, lambda: updated.append(1) or "update_s")
+        clock.spend(c, "continue_generation", "continue_s")
+        try:
+            if source == "tensors":
+                times = c.sync_weights(named_tensors=CheckpointReader(new).iter_tensors(), weight_version=version,
+                                       pause_mode=mode, bucket_bytes=r.choice([20_000, 80_000]),
+                                       flush_interval_s=0.005)
+            else:
+                times = c.sync_weights(model_path=new, weight_version=version, pause_mode=mode,
+                                       flush_interval_s=0.005)
+        finally:
+            monkeypatch.undo()
+    what = f"seed {seed}: sync from {source}, pause mode {mode!r}"
+    assert world.state() == (False, version), f"{what}: serving again as {version!r}: {world.state()}"
+    spent = clock.spent
+    for name, own in spent.items():
+        got = times.get(name)
+        assert isinstance(got, (int, float)) and own <= got < own + REAL_BOUND_S, \
+            f"{what}: {name} is the seconds its own step took on time.perf_counter, from the end of the step " \
+            f"before it: this test moved that clock by {own:.0f} s during the step's calls (and by " \
+            f"{sum(spent.values()) - own:.0f} s during the other steps' calls), so {name} must be {own:.0f} s " \
+            f"plus the calls' real time; got {got!r}"
+    parts = [times[k] for k in CALL_S]
+    assert math.isclose(times.get("total_s", math.nan), sum(parts), rel_tol=1e-9), \
+        f"{what}: total_s is the sum of the five phases {parts}, got {times.get('total_s')!r}"
 
 
 @FLOW

