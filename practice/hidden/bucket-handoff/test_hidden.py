@@ -3,9 +3,9 @@ tensors larger than a bucket, so buffers must grow), two updates in a row into t
 same engine, nothing to send, and real CUDA IPC on a GPU.
 
 No case waits on a clock: on the CPU the engine opens a bucket only when the sender waits
-for it (the latest moment), so a buffer reused too soon is always caught; on the GPU it
-opens each bucket the moment it arrives (the earliest), and after each acknowledgement the
-sender's stream is kept busy, so bytes packed into a reused buffer are still queued when a
+for it (the latest moment), so a buffer reused too soon is always caught; the GPU case runs
+so too, then on an engine that opens each bucket the moment it arrives (the earliest), with
+the sender's stream kept busy after each acknowledgement, so bytes packed into a reused buffer are still queued when a
 sender that does not synchronize posts them. (torch's CUDA IPC makes the receiver wait for
 the sender's stream only when it opens a handle afresh; the engine keeps a reused buffer's
 mapping open, so it reads at once.) Buckets in flight are counted in the engine's process,
@@ -24,14 +24,14 @@ RNG = random.Random(SEED)
 WHY = f"(random seed {SEED})"
 
 
-def check(report, num_buffers, what):
+def check(report, num_buffers, what, overlap=True):
     assert not report["differ"], (
         f"{what}: the engine ends with the weights sent, but {len(report['differ'])} tensors differ "
         f"(e.g. {report['differ'][:3]}): a buffer changed before the engine had read its bucket {WHY}")
     assert report["max_in_flight"] <= num_buffers, (
         f"{what}: at most {num_buffers} buckets in flight, but {report['max_in_flight']} were "
         f"(at each post: {report['in_flight_at_post']}) {WHY}")
-    assert report["max_in_flight"] == min(num_buffers, report["posted"]), (
+    assert not overlap or report["max_in_flight"] == min(num_buffers, report["posted"]), (
         f"{what}: up to {num_buffers} buckets in flight at once (packing overlaps applying), but at most "
         f"{report['max_in_flight']} were (at each post: {report['in_flight_at_post']}) {WHY}")
     assert not report["unacked_at_return"], (
@@ -83,14 +83,20 @@ def test_nothing_to_send_posts_nothing(candidate, cpu_engine):
 @pytest.mark.cuda
 def test_cuda_ipc_buffers_and_overlap(candidate, tmp_path):
     paths = [make_random(tmp_path / str(seed), "small", seed=seed, dtype=torch.bfloat16) for seed in (23, 24)]
-    engine = EngineProcess(paths[0], device="cuda", mode="eager")
+    engine = EngineProcess(paths[0], device="cuda")
     try:
         report = send(engine, candidate, paths[1], device="cuda", bucket_bytes=256 << 10, num_buffers=2)
-        check(report, 2, "CUDA IPC between two processes on one GPU, the engine reading each bucket as it arrives")
-        # ~50 ms of work on the sender's stream after each acknowledgement: a buffer posted
-        # without waiting for its packing holds the previous bucket's bytes when it is read.
+    finally:
+        engine.close()
+    check(report, 2, "CUDA IPC between two processes on one GPU")
+    # An engine that reads each bucket the moment it arrives, and ~50 ms of work on the
+    # sender's stream after each acknowledgement: a reused buffer posted without waiting for
+    # its packing holds the previous bucket's bytes when it is read. (Such an engine never
+    # has two buckets in flight, so overlap is not asked of this run.)
+    engine = EngineProcess(paths[1], device="cuda", mode="eager")
+    try:
         busy = send(engine, candidate, paths[0], device="cuda", bucket_bytes=256 << 10, num_buffers=2,
                     busy_cycles=100_000_000)
     finally:
         engine.close()
-    check(busy, 2, "CUDA IPC with the sender's stream busy when it packs a reused buffer")
+    check(busy, 2, "CUDA IPC with the sender's stream busy when it packs a reused buffer", overlap=False)
