@@ -137,7 +137,7 @@ def grade(chapter, repo, mutant: Mutant, timeout: float, threads: int | None,
     outcome = ("killed" if verdict == "ok" else
                "not graded here" if verdict.startswith(report.NOT_GRADED_HERE) else "SURVIVED")
     why = (equivalent or {}).get((mutant.exercise, mutant.before, mutant.after))
-    if outcome == "SURVIVED" and why:
+    if outcome in ("SURVIVED", "not graded here") and why:  # listed: no case on any machine tells it apart
         outcome = "equivalent"
     return ([mutant.exercise, mutant.what, report.summary(result), outcome],
             {"exercise": mutant.exercise, "mutant": mutant.what, "before": mutant.before, "after": mutant.after,
