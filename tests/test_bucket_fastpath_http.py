@@ -11,7 +11,7 @@ httpx = pytest.importorskip("httpx")
 import torch  # noqa: E402
 
 from course_lib import Engine  # noqa: E402
-from course_lib.engine.update_sources import decode_tensor_payload  # noqa: E402
+from course_lib.engine.update_sources import deserialize_tensor_payload, named_tensors_of  # noqa: E402
 from course_lib.layers.quant import kernel_tensors  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
@@ -133,7 +133,7 @@ def message_before(reference: Engine, payload: str) -> str:
     """What the route answered before it handed buckets over whole: the payload unpacked into
     pairs in the thread pool (a bad bucket refused there), then the pairs checked by the engine."""
     try:
-        pairs = decode_tensor_payload([payload], "flattened_bucket")
+        pairs = named_tensors_of(deserialize_tensor_payload([payload], "flattened_bucket"), "flattened_bucket")
         reference.pause_generation()
         reference.update_weights_from_tensor(pairs)
     except ValueError as exc:

@@ -78,11 +78,6 @@ def receive_even_if_refused(check: Callable[[], object], receive: Callable[[str 
     return checked, received
 
 
-def decode_tensor_payload(payload, load_format: str | None, tp_rank: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """Turn whatever ``update_weights_from_tensor`` was given into (name, tensor) pairs."""
-    return named_tensors_of(deserialize_tensor_payload(payload, load_format, tp_rank), load_format)
-
-
 def deserialize_tensor_payload(payload, load_format: str | None, tp_rank: int = 0):
     """This rank's payload, unpickled through the allowlist where it is serialized (the
     bucket or the pairs themselves, not yet checked)."""
