@@ -15,7 +15,8 @@
 #   bash scripts/gpu_check.sh buckets  the bucket fast path's CUDA tests and the bucket-vs-registered update bench
 #   bash scripts/gpu_check.sh speed    the speed tier (chapters 03-05) for the reference, and for a slow correct commit step
 #   bash scripts/gpu_check.sh judge    judge.py check on every chapter and problem (references pass, stubs and wrong
-#                                      answers fail, CUDA cases graded), then REPEAT= runs of the GPU race rows
+#                                      answers fail, CUDA cases graded), then REPEAT= runs of each GPU race case alone
+#                                      (scripts/race_repeat.py; RACE_BUDGET_S bounds it)
 # Packages the GPU machine lacks (FastAPI for chapter 07, hypothesis for the differential
 # cases) are installed from .whl/ when it is there (scripts/server_wheels.sh fills it).
 # Logs and JSON go to $OUT (or gpu-latest/); copy them into results/<machine>-<date>/.
@@ -48,9 +49,9 @@ if [ "${1:-}" = "judge" ]; then
     python practice/judge.py check --jobs "${JOBS:-10}" $(ls practice/chapters | grep '^ch[0-9][0-9]$') \
         $(ls practice/problems | grep -v -x bucket-handoff) 2>&1 | tee "$out/judge_check.log" || status=1
     python practice/judge.py check bucket-handoff 2>&1 | tee "$out/judge_check_bucket_handoff.log" || status=1
-    if [ "${REPEAT:-0}" -gt 0 ]; then  # the cases that race a GPU stream: the same verdict every run?
-        python practice/judge.py check --jobs 4 --repeat "$REPEAT" ch05.ipc_sender ch09.host_snapshot bucket-handoff 2>&1 \
-            | tee "$out/judge_check_races_repeat.log" || status=1
+    if [ "${REPEAT:-0}" -gt 0 ]; then  # the cases that race a GPU stream, each alone: the same verdict every run?
+        python scripts/race_repeat.py --repeat "$REPEAT" --budget-s "${RACE_BUDGET_S:-420}" 2>&1 \
+            | tee "$out/race_repeat.log" || status=1
     fi
     exit $status
 fi
