@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -111,21 +112,26 @@ def _short(value, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def first_difference(mine, theirs, path: str = ""):
-    """The first place two JSON values differ: (path, mine, theirs), or None when equal."""
+def first_difference(mine, theirs, path: str = "", rel_tol: float = 0.0, abs_tol: float = 0.0):
+    """The first place two JSON values differ: (path, mine, theirs), or None when equal.
+    Floats are equal within ``rel_tol``/``abs_tol`` (exact by default: a contract that
+    fixes the arithmetic's order; a tolerance where two correct answers may round apart)."""
     if isinstance(mine, dict) and isinstance(theirs, dict):
         for key in sorted(set(mine) | set(theirs)):
             if key not in mine or key not in theirs:
                 return f"{path}.{key}", mine.get(key, "<missing>"), theirs.get(key, "<missing>")
-            found = first_difference(mine[key], theirs[key], f"{path}.{key}")
+            found = first_difference(mine[key], theirs[key], f"{path}.{key}", rel_tol, abs_tol)
             if found:
                 return found
         return None
     if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
         for i, (a, b) in enumerate(zip(mine, theirs)):
-            found = first_difference(a, b, f"{path}[{i}]")
+            found = first_difference(a, b, f"{path}[{i}]", rel_tol, abs_tol)
             if found:
                 return found
+        return None
+    if (type(mine) is float and type(theirs) is float and (rel_tol or abs_tol)
+            and math.isclose(mine, theirs, rel_tol=rel_tol, abs_tol=abs_tol)):
         return None
     return None if mine == theirs else (path or "(the result)", mine, theirs)
 
@@ -148,9 +154,15 @@ def compare_traces(ops: list, mine: list, theirs: list, explain: str = "") -> No
         raise AssertionError(f"your engine made {len(mine)} observations, the reference {len(theirs)}, over {ops}")
 
 
-def compare_results(call, mine, theirs, explain: str = "") -> None:
-    """Assert two observations of one call are equal, naming the first difference."""
-    found = first_difference(mine, theirs)
+def compare_results(call, mine, theirs, explain: str = "", rel_tol: float = 0.0, abs_tol: float = 0.0) -> None:
+    """Assert two observations of one call are equal (floats within the tolerances),
+    naming the first difference."""
+    found = first_difference(mine, theirs, rel_tol=rel_tol, abs_tol=abs_tol)
+    if found and isinstance(mine, dict) and isinstance(theirs, dict) and ("raised" in mine) != ("raised" in theirs):
+        yours = f"raised {mine['raised']}" if "raised" in mine else f"returned {_short(mine.get('returned'))}"
+        expected = f"raises {theirs['raised']}" if "raised" in theirs else f"returns {_short(theirs.get('returned'))}"
+        raise AssertionError(f"{call}: yours {yours}; the contract {expected} here"
+                             + (f"\n{explain}" if explain else ""))
     if found:
         where, got, want = found
         raise AssertionError(f"{call}: your result differs from the reference at {where}:\n"
