@@ -160,8 +160,10 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
                      if m and m.group(1) != exercise_id and m.group(1) not in waits})
     needs = (f"; some stopped at {', '.join(needed)}, not written yet: write "
              f"{'it' if len(needed) == 1 else 'them'} first (each message above says where)") if needed else ""
-    raise PartNotDone(f"{exercise_id}: {len(cases) - passed} of {len(cases)} public cases did not pass "
-                      f"(the lines above say what each expected){needs}; see {where}")
+    waiting = sum(waits.values())
+    raise PartNotDone(f"{exercise_id}: {len(cases) - passed - waiting} of {len(cases)} public cases did not pass "
+                      + (f"and {waiting} wait for a later part " if waiting else "")
+                      + f"(the lines above say what each expected){needs}; see {where}")
 
 
 def edition_mismatch() -> str | None:

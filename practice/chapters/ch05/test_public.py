@@ -203,20 +203,40 @@ def test_ipc_sender__a_tensor_bigger_than_a_bucket_travels_alone():
 
 def broadcast_from_thread(port, buckets):
     """Rank 0 in a thread: broadcasts each bucket of (name, tensor) pairs, packed as describe() says."""
+    send = dist.broadcast_async  # the real one, whatever a test puts in its place for rank 1
+
     def run():
         group, _ = dist.new_group("127.0.0.1", port, 0, 2, "public", "gloo", timeout_s=30)
         for pairs in buckets:
-            dist.broadcast_async(group, bucket.pack(pairs)["flattened_tensor"]).wait()
+            send(group, bucket.pack(pairs)["flattened_tensor"]).wait()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
 
+def lengths_checked(monkeypatch, buckets):
+    """Rank 1's broadcasts go through a check of the buffer's byte length first. A buffer of
+    another length would abort the whole process inside the collective, with no message;
+    instead the check completes the broadcast with a buffer of the right length (so rank 0
+    is not left waiting) and fails the case saying what was wrong."""
+    send, sizes = dist.broadcast_async, iter([bucket.pack(pairs)["flattened_tensor"].numel() for pairs in buckets])
+
+    def checked(group, tensor):
+        want, got = next(sizes), tensor.numel() * tensor.element_size()
+        if got != want:
+            send(group, torch.empty(want, dtype=torch.uint8)).wait()
+            raise AssertionError(f"receive_bucket joined the broadcast with a buffer of {got} bytes, but the sender "
+                                 f"packed {want} (the layout's last end): both ranks must pass exactly that length")
+        return send(group, tensor)
+    monkeypatch.setattr(dist, "broadcast_async", checked)
+
+
 @RECEIVE
-def test_receive_broadcast__receives_views_of_each_bucket_over_gloo():
+def test_receive_broadcast__receives_views_of_each_bucket_over_gloo(monkeypatch):
     first, second = MIXED, [(n, t * 2 if t.dtype.is_floating_point else t + 1) for n, t in MIXED]
     port = dist.free_port()
     thread = broadcast_from_thread(port, [first, second, []])
+    lengths_checked(monkeypatch, [first, second, []])
     group, _ = dist.new_group("127.0.0.1", port, 1, 2, "public", "gloo", timeout_s=30)
     spec = dist.describe(first)
     got1 = dist.receive_bucket(group, spec["names"], spec["dtypes"], spec["shapes"], "cpu")
