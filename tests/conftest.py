@@ -1,14 +1,35 @@
 """Shared fixtures: small random checkpoints made from a seed (never downloaded)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from course_lib.weights.checkpoint import make_random, preset
 
 
-# Modules whose tests (module fixtures included) take a minute or more on two cores.
-LONGEST_MODULES = ("test_nbgrader", "test_release", "test_judge", "test_browser")
+# Modules whose tests (module fixtures included) take a minute or more on two cores, longest
+# first, then the notebooks and the chapters' judge runs (half a minute each).
+LONGEST_MODULES = ("test_nbgrader", "test_judge", "test_release", "test_browser", "test_notebooks", "test_chapters")
+
+
+def pytest_configure(config):
+    """pytest-xdist hands out the groups in the order of the collection (below), not sorted
+    by their number of tests (its default: a long group of few tests would be handed out last
+    and keep one worker busy while the other waits). Parallel runs share two cores among the
+    workers and the processes they start: torch runs one thread per process there (a process
+    whose own OMP_NUM_THREADS is set, the user's included, keeps it)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
+def longest_first(item) -> int:
+    name = item.module.__name__
+    return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -16,15 +37,16 @@ def pytest_collection_modifyitems(config, items):
     """GPU tests are reported as skipped on a machine without CUDA, never as passed.
 
     Parallel runs (the README's ``pytest -n 2 --dist loadgroup``): a module's tests stay on
-    one worker, so its module fixtures (engines, servers, the student edition, the nbgrader
-    course) are built once; the notebooks and the chapters' judge runs, the longest tests and
-    independent of each other, spread over the workers one by one."""
+    one worker, so its module fixtures (engines, servers, the nbgrader course) are built once;
+    the notebooks and the chapters' judge runs, long and independent of each other, spread
+    over the workers one by one."""
     for item in items:
         if item.originalname not in ("test_notebook_executes", "test_each_chapters_reference_passes_the_judge"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     # The longest groups first, so that the two workers finish together (a long group handed
-    # out last keeps one worker busy while the other waits).
-    items.sort(key=lambda item: item.module.__name__ not in LONGEST_MODULES)
+    # out last keeps one worker busy while the other waits). The sort is stable: within a
+    # module, the tests keep their order.
+    items.sort(key=longest_first)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: run scripts/gpu_check.sh on a GPU machine")
