@@ -1,13 +1,20 @@
-"""Shared fixtures: small random checkpoints made from a seed (never downloaded)."""
+"""Shared fixtures: small random checkpoints made from a seed (never downloaded), and the
+student edition (scripts/release.py), built once per run for the modules that read it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from course_lib.weights.checkpoint import make_random, preset
 
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Modules whose tests (module fixtures included) take a minute or more on two cores, longest
 # first, then the notebooks and the chapters' judge runs (half a minute each).
@@ -72,3 +79,44 @@ def make_ckpt(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_ckpt(make_ckpt):
     return make_ckpt("tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def student_edition(tmp_path_factory):
+    """The student edition and its nbgrader course, built once by ``scripts/release.py`` for
+    every module that reads it (test_release, test_nbgrader, test_hints); in a parallel run,
+    by the first worker that needs it, under a lock, for all workers.
+
+    SimpleNamespace(edition=<student edition>, course_root=<gradebook and nbgrader folders>,
+    no_judge=<why the judge's release step is unavailable, or None>, output=<release's stdout>).
+    Readers copy the edition before changing anything in it; only test_nbgrader writes, and only
+    its own folders (submitted/, autograded/, feedback/) under course_root."""
+    pytest.importorskip("nbgrader")  # scripts/release.py runs nbgrader's generate_assignment
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above every worker's own
+    root = shared / "student-edition"
+    with FileLock(str(shared / "student-edition.lock")):
+        done = root / "release-output.txt"
+        if not done.is_file():
+            root.mkdir(exist_ok=True)
+            no_judge = judge_cannot_release()
+            cmd = [sys.executable, "scripts/release.py", "--dest", str(root / "student"),
+                   "--course-root", str(root / "course")] + (["--no-practice"] if no_judge else [])
+            run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+            assert run.returncode == 0, f"release failed:\n{run.stdout}\n{run.stderr}"
+            (root / "no-judge.txt").write_text(no_judge or "")
+            done.write_text(run.stdout)
+    return SimpleNamespace(edition=root / "student", course_root=root / "course",
+                           no_judge=(root / "no-judge.txt").read_text() or None, output=done.read_text())
+
+
+def judge_cannot_release() -> str | None:
+    """Why the judge's release step is unavailable (None when it is available)."""
+    judge = REPO / "practice" / "judge.py"
+    if not judge.is_file():
+        return "practice/judge.py does not exist yet"
+    run = subprocess.run([sys.executable, str(judge), "release", "--help"], capture_output=True, text=True, cwd=REPO)
+    return None if run.returncode == 0 else f"practice/judge.py has no 'release' verb: {run.stderr.strip()[-200:]}"
