@@ -43,15 +43,6 @@ def load_release():
 release = load_release()
 
 
-def judge_cannot_release() -> str | None:
-    """Why the judge's release step is unavailable (None when it is available)."""
-    judge = REPO / "practice" / "judge.py"
-    if not judge.is_file():
-        return "practice/judge.py does not exist yet"
-    run = subprocess.run([sys.executable, str(judge), "release", "--help"], capture_output=True, text=True, cwd=REPO)
-    return None if run.returncode == 0 else f"practice/judge.py has no 'release' verb: {run.stderr.strip()[-200:]}"
-
-
 def with_answers(notebook: Path, answers: dict[str, str]) -> dict:
     """The notebook with the source of the answer cells named by grade_id replaced."""
     nb = json.loads(notebook.read_text())
@@ -92,14 +83,10 @@ def course_lib_with(dest: Path, exercise_id: str, body: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def course(tmp_path_factory):
-    root = tmp_path_factory.mktemp("course")
-    edition = root / "student"
-    no_judge = judge_cannot_release()
-    cmd = [sys.executable, "scripts/release.py", "--dest", str(edition), "--course-root", str(root)]
-    run = subprocess.run(cmd + (["--no-practice"] if no_judge else []), capture_output=True, text=True,
-                         cwd=REPO, timeout=300)
-    assert run.returncode == 0, f"release failed:\n{run.stdout}\n{run.stderr}"
+def course(student_edition):
+    # The edition and its gradebook come from tests/conftest.py's one release per run; the
+    # submissions, autograded notebooks and feedback are written beside that gradebook.
+    root, edition, no_judge = student_edition.course_root, student_edition.edition, student_edition.no_judge
 
     source = REPO / "notebooks" / f"{CHAPTER}.ipynb"
     student = edition / "notebooks" / f"{CHAPTER}.ipynb"
@@ -130,7 +117,7 @@ def course(tmp_path_factory):
         os.environ.pop("COURSE_PRACTICE_DIR") if saved is None else os.environ.update(COURSE_PRACTICE_DIR=saved)
     result = api.generate_feedback(release.ASSIGNMENT, force=True)
     assert result["success"], result["error"]
-    return SimpleNamespace(root=root, edition=edition, no_judge=no_judge, release_output=run.stdout,
+    return SimpleNamespace(root=root, edition=edition, no_judge=no_judge, release_output=student_edition.output,
                            db_url=f"sqlite:///{root / 'gradebook.db'}")
 
 

@@ -1,4 +1,5 @@
-"""Every chapter in notebooks/ runs top to bottom, headless, on the CPU, solutions in place.
+"""Every chapter in notebooks/ runs top to bottom, headless, on the CPU, solutions in place
+(the graded cells and the parts' check cells left out: see test_notebook_executes).
 
 A failing cell fails the test. Each notebook's time is printed; more than three minutes
 (on the 2-core CI machine) is a defect. Every chapter must show at least one plot, so the
@@ -64,6 +65,35 @@ def test_there_are_chapters():
     assert NOTEBOOKS, "notebooks/ holds no chapter (NN_name.ipynb)"
 
 
+CHECK_CELL = re.compile(r'public_checks\("(\w+)"\)')
+
+
+def is_check_cell(cell) -> bool:
+    """A part's check cell: a code cell that holds nothing but ``public_checks("name")``."""
+    return cell["cell_type"] == "code" and CHECK_CELL.fullmatch("".join(cell["source"]).strip()) is not None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_part_has_one_check_cell(path):
+    """Each exercise of the chapter has exactly one check cell, ``public_checks("name")`` for
+    the exercise ``chNN.name``, after the exercise's section heading; no check cell names
+    anything else (public_checks raises on a name that is not a part of the chapter)."""
+    registry = REPO / "practice" / "chapters" / f"ch{path.name[:2]}" / "chapter.json"
+    if not registry.is_file():
+        pytest.skip(f"{path.name}: no practice/chapters/ch{path.name[:2]}/chapter.json")
+    cells = json.loads(path.read_text())["cells"]
+    chapter = json.loads(registry.read_text())
+    checked = [(i, CHECK_CELL.fullmatch("".join(c["source"]).strip())[1]) for i, c in enumerate(cells)
+               if is_check_cell(c)]
+    calls = [m for c in cells if c["cell_type"] == "code" for m in CHECK_CELL.findall("".join(c["source"]))]
+    assert len(calls) == len(checked), "a public_checks call outside a check cell of its own"
+    assert sorted(f"{chapter['chapter']}.{name}" for _, name in checked) == sorted(e["id"] for e in chapter["exercises"])
+    headings = {e["id"]: next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and re.search(
+        rf"^#+ {re.escape(e['section'])}$", "".join(c["source"]), re.M)) for e in chapter["exercises"]}
+    for i, name in checked:
+        assert headings[f"{chapter['chapter']}.{name}"] < i, f"{name}'s check cell comes before its section"
+
+
 @pytest.fixture
 def jupyter_env(tmp_path, monkeypatch):
     """Keep Jupyter's and matplotlib's files in a temp dir; keep the inline backend (PNGs)."""
@@ -77,10 +107,16 @@ def jupyter_env(tmp_path, monkeypatch):
 def test_notebook_executes(path, tmp_path, jupyter_env, capsys, record_property):
     nb = nbformat.read(path, as_version=4)
     # The graded cells run the judge once per exercise, each a fresh process with the chapter's
-    # public and hidden tests. Here the judge grades each chapter once instead
-    # (tests/test_chapters.py); tests/test_nbgrader.py and the learner's walks run the graded cells.
+    # public and hidden tests, and each part's check cell (``public_checks("name")``) runs that
+    # part's public tests in a fresh pytest process. Here the judge grades each chapter once
+    # instead, public and hidden tests (tests/test_chapters.py; its check-cell test proves each
+    # check cell's selection is exactly its part's public cases, and
+    # test_each_part_has_one_check_cell below that each cell names a part of its chapter).
+    # The learner's walk (tests/test_release.py, chapter 01 of the student edition) and the
+    # browser test run both kinds of cell in a kernel; tests/test_nbgrader.py runs the graded
+    # cells. Neither kind of cell leaves state that a later cell uses.
     nb.cells = [c for c in nb.cells if not (c.metadata.get("nbgrader", {}).get("grade")
-                                            and "grade_exercise(" in c.source)]
+                                            and "grade_exercise(" in c.source) and not is_check_cell(c)]
     # allow_errors: every failing cell is listed below at once, not only the first.
     client = nbclient.NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", allow_errors=True,
                                      resources={"metadata": {"path": str(path.parent)}})

@@ -1,6 +1,7 @@
 """The student edition (scripts/release.py): every region stubbed, nothing secret shipped, and a learner's walk.
 
-Built once into a temporary folder; the learner's walk runs the student edition's own
+Built once into a temporary folder (tests/conftest.py's ``student_edition``, shared with
+tests/test_nbgrader.py and tests/test_hints.py); the learner's walk runs the student edition's own
 judge: chapter 01 fails with the stub's message, then passes once the region is filled
 back with the reference.
 """
@@ -26,12 +27,10 @@ regions, registry = release.regions, release.registry
 
 
 @pytest.fixture(scope="module")
-def edition(tmp_path_factory):
-    root = tmp_path_factory.mktemp("release")
-    run = subprocess.run([sys.executable, "scripts/release.py", "--out", str(root / "student"),
-                          "--course-root", str(root / "grading")], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return root / "student"
+def edition(student_edition):
+    """The edition built by scripts/release.py (once per run, tests/conftest.py); the tests
+    here copy it before they change anything."""
+    return student_edition.edition
 
 
 def judge(edition_root, *args, root=None, env=None):
