@@ -47,3 +47,11 @@ def test_a_case_stopped_by_an_earlier_unwritten_part_stops_run_all_naming_it(pau
                                           r"some stopped at ch02.pause_modes, not written yet: write it first"):
         public_checks("ch02.wait_drain", root=pause_modes_unwritten)  # part 4, after part 3
     assert "WAITS" not in capsys.readouterr().out
+
+
+def test_a_submission_folder_with_course_lib_only_is_checked_with_this_judges_tests(tmp_path, capsys):
+    """nbgrader autograde runs the notebook beside the learner's handed-in course_lib, which
+    has no practice/ folder: the check cells use the judge's own public tests then."""
+    shutil.copytree(REPO / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    public_checks("ch02.flush_rules", root=tmp_path)
+    assert "all 5 public cases passed" in capsys.readouterr().out

@@ -122,6 +122,8 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
                          f"(its parts: {', '.join(e.id for e in chapter.exercises)})")
     root = Path(root) if root else course_root()
     tests = root / "practice" / "chapters" / chapter_id / "test_public.py"
+    if not tests.is_file():  # nbgrader's submission folder holds course_lib only: this judge's copy
+        tests = JUDGE.parent / "chapters" / chapter_id / "test_public.py"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "--tb=no", "--color=no", "-p", "no:cacheprovider",
                           str(tests), "-k", f"test_{name}_"], cwd=root, capture_output=True, text=True,
                          timeout=timeout, stdin=subprocess.DEVNULL,
