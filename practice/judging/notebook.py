@@ -121,30 +121,24 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
         raise ValueError(f"{exercise_id}: no such exercise in {chapter_id} "
                          f"(its parts: {', '.join(e.id for e in chapter.exercises)})")
     root = Path(root) if root else course_root()
-    tests = root / "practice" / "chapters" / chapter_id / "test_public.py"
-    if not tests.is_file():  # nbgrader's submission folder holds course_lib only: this judge's copy
-        tests = JUDGE.parent / "chapters" / chapter_id / "test_public.py"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "--tb=no", "--color=no", "-p", "no:cacheprovider",
-                          str(tests), "-k", f"test_{name}_"], cwd=root, capture_output=True, text=True,
-                         timeout=timeout, stdin=subprocess.DEVNULL,
-                         # a wide "terminal": pytest drops a failure's message from its summary line when it does not fit
-                         env={**os.environ, "PYTHONPATH": str(root), "COLUMNS": "1000"})
-    cases = [line for line in run.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR", "SKIPPED"))]
+    from judging.chapter_run import run_chapter  # the judge's own run: its messages show the values compared
+    result = run_chapter(chapter, root, hidden=False, exercises=[exercise_id], timeout=timeout)
+    cases = [c for c in result.cases if c.exercise == exercise_id]
     waits: dict[str, int] = {}
-    for line in cases:
-        outcome, _, rest = line.partition(" ")
-        nodeid, _, message = rest.partition(" - ")
-        case = nodeid.split("::")[-1].removeprefix(f"test_{name}_").lstrip("_")
-        later = _later_part(chapter, exercise_id, message) if outcome == "FAILED" else None
+    for c in cases:
+        case = c.case.split("::")[-1].removeprefix(f"test_{name}_").lstrip("_")
+        later = _later_part(chapter, exercise_id, c.message) if c.outcome == "fail" else None
         if later:
             waits[later] = waits.get(later, 0) + 1
             section = next(e.section for e in chapter.exercises if e.id == later)
             print(f"WAITS   {case}: it goes through {later} (section “{section}”), which comes later "
                   "and is not written yet")
             continue
-        print(f"{outcome:7} {case}" + (f": {message}" if message else ""))
-    passed = sum(line.startswith("PASSED") for line in cases)
-    if run.returncode == 0 and passed and passed == len(cases):
+        label = {"pass": "PASSED", "fail": "FAILED"}.get(c.outcome, "NOT RUN")
+        message = "\n        ".join(c.message.splitlines())
+        print(f"{label:7} {case}" + (f": {message}" if message else ""))
+    passed = sum(c.outcome == "pass" for c in cases)
+    if passed and passed == len(cases):
         print(f"{exercise_id}: all {passed} public cases passed")
         return
     where = f"{chapter.notebook}, section “{exercise.section}”"
@@ -154,11 +148,11 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
               f"again once that part is written (the judge grades every case).")
         return
     if not cases:
-        raise PartNotDone(f"{exercise_id}: no public case ran ({run.stdout.strip()[-300:] or run.stderr.strip()[-300:]}); "
-                          f"see {where}")
+        said = " ".join(c.message for c in result.cases)[-300:] or "no case of this part was found"
+        raise PartNotDone(f"{exercise_id}: no public case ran ({said}); see {where}")
     # Cases stopped by the stub of a part that should be written by now (earlier in this
     # chapter, or another chapter's): name it, rather than "what each expected".
-    needed = sorted({m.group(1) for m in map(_STUB.search, run.stdout.splitlines())
+    needed = sorted({m.group(1) for m in (_STUB.search(c.message) for c in cases if c.outcome == "fail")
                      if m and m.group(1) != exercise_id and m.group(1) not in waits})
     needs = (f"; some stopped at {', '.join(needed)}, not written yet: write "
              f"{'it' if len(needed) == 1 else 'them'} first (each message above says where)") if needed else ""
