@@ -77,7 +77,7 @@ def soak(name: str, seeds: range, *, jobs: int = 1, scenarios: int = 2000, timeo
         env["COURSE_SCENARIOS"] = str(scenarios)
         (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
         shutil.copyfile(PLUGIN, work / "conftest.py")
-        spec = {"results": str(out), "timeout": timeout, "hypothesis_timeout": timeout * max(1.0, scenarios / 40),
+        spec = {"results": str(out), "basetemp": str(tmp / "basetemp"), "timeout": timeout, "hypothesis_timeout": timeout * max(1.0, scenarios / 40),
                 "args": ["-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
                          *sorted(p.name for p in hidden if p.name.startswith("test_"))]}
         chunks = [[HYPOTHESIS]] + [list(seeds[i::jobs]) for i in range(jobs)]
@@ -248,6 +248,7 @@ def drive(spec: dict) -> int:
 
     here = tuple({os.getcwd() + os.sep, os.path.realpath(os.getcwd()) + os.sep})
     reference = os.environ.get("COURSE_REFERENCE_ROOT", "")  # the plugin takes it out at each import
+    os.makedirs(spec["basetemp"], exist_ok=True)
     for i, label in enumerate(spec["labels"]):
         if i == 1:  # torch and the rest are imported now: pytest's gc.collect() at each session's end
             gc.collect()  # walks them no more (it took a second per seed)
@@ -263,10 +264,14 @@ def drive(spec: dict) -> int:
         counts: dict[str, int] = {}
         count = _count_examples(counts) if hyp else None
         faulthandler.dump_traceback_later(spec["hypothesis_timeout" if hyp else "timeout"], exit=True)
+        # Each run its own tmp_path root, removed after it: pytest's default numbered ones stay
+        # locked while this process lives, and each session's exit handler scans them all.
+        basetemp = os.path.join(spec["basetemp"], str(label))
         try:
-            pytest.main(list(spec["args"]), plugins=[_Select(hyp)])
+            pytest.main([*spec["args"], "--basetemp", basetemp], plugins=[_Select(hyp)])
         finally:
             faulthandler.cancel_dump_traceback_later()
+            shutil.rmtree(basetemp, ignore_errors=True)
             if count is not None:
                 from hypothesis.internal.observability import remove_observability_callback
                 remove_observability_callback(count)
