@@ -108,3 +108,30 @@ def test_a_module_level_seed_is_drawn_anew_at_each_seed(tmp_path, monkeypatch):
     gpu = rows["test_needs_a_gpu"]
     assert (gpu["status"], gpu["passed"], gpu["not_run"]) == ("not run here", 0, 4)  # never counted as passed
     assert record["status"] == "fail" and record["processes"] == 2
+
+
+def test_a_seed_past_its_time_limit_fails_and_the_next_seeds_still_run(tmp_path, monkeypatch):
+    """The seed that hangs ends its process; its case fails with the limit named, and a new
+    process goes on from the next seed (never reported as passed, never silently dropped)."""
+    hidden = tmp_path / "chapters" / "ch00"
+    hidden.mkdir(parents=True)
+    (hidden / "test_hidden.py").write_text(textwrap.dedent("""
+        import time
+
+        import pytest
+        from conftest import hidden_seed
+
+        pytestmark = pytest.mark.exercise("ch00.estimate_update")
+
+
+        def test_hangs_at_seed_one():
+            if hidden_seed() == 1:
+                time.sleep(120)
+    """), encoding="utf-8")
+    monkeypatch.setenv("COURSE_HIDDEN_DIR", str(tmp_path))
+    record = soak("ch00", range(0, 3), timeout=10)
+    (row,) = [c for c in record["cases"] if c["case"].endswith("test_hangs_at_seed_one")]
+    assert (row["passed"], row["failed"]) == (2, 1), row
+    (failure,) = row["failures"]
+    assert failure["seed"] == 1 and "within the time limit of 10 s" in failure["message"], failure
+    assert record["status"] == "fail"

@@ -77,7 +77,8 @@ def soak(name: str, seeds: range, *, jobs: int = 1, scenarios: int = 2000, timeo
         env["COURSE_SCENARIOS"] = str(scenarios)
         (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
         shutil.copyfile(PLUGIN, work / "conftest.py")
-        spec = {"results": str(out), "basetemp": str(tmp / "basetemp"), "timeout": timeout, "hypothesis_timeout": timeout * max(1.0, scenarios / 40),
+        spec = {"results": str(out), "basetemp": str(tmp / "basetemp"),
+                "timeout": timeout, "hypothesis_timeout": timeout * max(1.0, scenarios / 40),
                 "args": ["-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
                          *sorted(p.name for p in hidden if p.name.startswith("test_"))]}
         chunks = [[HYPOTHESIS]] + [list(seeds[i::jobs]) for i in range(jobs)]
@@ -86,7 +87,8 @@ def soak(name: str, seeds: range, *, jobs: int = 1, scenarios: int = 2000, timeo
         with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
             for part in pool.map(lambda labels: _drive_all(labels, spec, work, env), chunks):
                 ends.update(part)
-        runs = {label: _read(out / f"{label}.jsonl", ends.get(label), timeout, root if chapter else None)
+        runs = {label: _read(out / f"{label}.jsonl", ends.get(label),
+                             spec["hypothesis_timeout"] if label == HYPOTHESIS else timeout, root if chapter else None)
                 for label in [HYPOTHESIS, *seeds]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -109,8 +111,10 @@ def _drive_all(labels: list, spec: dict, work: Path, env: dict) -> dict:
             tail = " ".join(output.strip().splitlines()[-3:]) or "no output"
             return {**cut, **{lab: (f"the soak's process ended before this run (exit code {code}): {tail}", code)
                               for lab in todo}}
-        if code != 0 or timed_out:
-            cut[started[-1]] = ("time" if timed_out or "Timeout (" in output else "crash", code)
+        if code != 0 or timed_out:  # the last run begun was cut short: past its limit, or a crash
+            begun = records(Path(spec["results"]) / f"{started[-1]}.jsonl")[0]
+            late = time.time() - begun["at"] >= begun["limit"] - 1
+            cut[started[-1]] = ("time" if timed_out or late else "crash", code)
         todo = todo[len(started):]
     return cut
 
@@ -255,7 +259,9 @@ def drive(spec: dict) -> int:
             gc.freeze()
         hyp = label == HYPOTHESIS
         results = os.path.join(spec["results"], f"{label}.jsonl")
-        Path(results).write_text(json.dumps({"event": "soak_start", "label": label}) + "\n", encoding="utf-8")
+        limit = spec["hypothesis_timeout" if hyp else "timeout"]
+        Path(results).write_text(json.dumps({"event": "soak_start", "label": label, "at": time.time(), "limit": limit})
+                                 + "\n", encoding="utf-8")
         for mod_name, mod in list(sys.modules.items()):  # the next import of a test module runs it anew
             if mod_name == "conftest" or (getattr(mod, "__file__", None) or "").startswith(here):
                 del sys.modules[mod_name]
@@ -263,7 +269,7 @@ def drive(spec: dict) -> int:
                           COURSE_HIDDEN_SEED="" if hyp else str(label))
         counts: dict[str, int] = {}
         count = _count_examples(counts) if hyp else None
-        faulthandler.dump_traceback_later(spec["hypothesis_timeout" if hyp else "timeout"], exit=True)
+        faulthandler.dump_traceback_later(limit, exit=True)  # past its limit, the process ends
         # Each run its own tmp_path root, removed after it: pytest's default numbered ones stay
         # locked while this process lives, and each session's exit handler scans them all.
         basetemp = os.path.join(spec["basetemp"], str(label))
