@@ -10,6 +10,7 @@
     python practice/judge.py board RESULTS/                 # instructors: the class leaderboard of the speed parts
     python practice/judge.py check                          # maintainers: references pass, starters and wrong answers fail
     python practice/judge.py check ch01.block_hash inplace-requant   # the same for some exercises or problems only
+    python practice/judge.py soak ch01 inplace-requant --seeds 2000  # maintainers: the reference's hidden cases at many seeds
     python practice/judge.py grade submissions/ --out out/  # instructors: submissions/<learner>/{course_lib/,<slug>.py}
     python practice/judge.py grade submissions/ --only ch05 ch06  # only this week's chapters (and/or problems)
     python practice/judge.py release student/practice       # the student edition of practice/
@@ -199,6 +200,23 @@ def cmd_mutate(args) -> int:
     return 1 if survived else 3 if here else 0
 
 
+def cmd_soak(args) -> int:
+    from judging import soak
+
+    for name in args.names:  # an unknown name is a usage error before anything runs
+        _chapter(name) if chapters.CHAPTER_ID.fullmatch(name) else _problem(name)
+    if args.seeds < 1 or args.jobs < 1 or args.scenarios < 1:
+        raise UsageError("--seeds, --jobs and --scenarios must be at least 1")
+    records = [soak.soak(name, range(args.start, args.start + args.seeds), jobs=args.jobs,
+                         scenarios=args.scenarios, timeout=args.timeout) for name in args.names]
+    if args.json:
+        print(json.dumps(records, indent=1))
+    else:
+        print("\n\n".join("\n".join(soak.lines(r)) for r in records))
+    statuses = {r["status"] for r in records}
+    return 1 if "fail" in statuses else 3 if "incomplete" in statuses else 0
+
+
 def cmd_grade(args) -> int:
     submissions = Path(args.submissions)
     if not submissions.is_dir():
@@ -333,6 +351,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="runs at once")
     p.add_argument("--repeat", type=int, default=1,
                    help="run every check this many times; a row holds only if every run holds (the grade repeats)")
+    p = sub.add_parser("soak", help="maintainers: the reference's hidden cases at many seeds; per case, passed at k of N")
+    p.add_argument("names", nargs="+", metavar="NAME", help="chapters (ch01) and problems")
+    p.add_argument("--seeds", type=int, required=True, help="how many seeds (N)")
+    p.add_argument("--start", type=int, default=0, help="the first seed (S): seeds S..S+N-1")
+    p.add_argument("--jobs", type=int, default=1, help="processes, each looping over its share of the seeds")
+    p.add_argument("--scenarios", type=int, default=2000,
+                   help="COURSE_SCENARIOS for the one run of the hypothesis cases (a seed does not change them)")
+    p.add_argument("--json", action="store_true", help="machine-readable records on stdout")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds one seed's run may take (the hypothesis run: this times scenarios/40)")
     p = sub.add_parser("mutate", help="maintainers: one-line mutants of a chapter's region references, graded; survivors listed")
     p.add_argument("names", nargs="+", metavar="NAME", help="chapters (ch02) or exercises (ch02.wait_drain)")
     p.add_argument("--per-region", type=int, default=3, help="mutants drawn per region (0: every one)")
