@@ -6,7 +6,9 @@ values are compared by their bytes.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
+import weakref
 
 import torch
 
@@ -115,7 +117,8 @@ def requantize(method: str, out_features: int, in_features: int, staged: str, sh
     """``rounds`` times: stage a weight (``staged``: "float", "nan" or "none"), process the
     layer. After each: what it returned or which error; the kernel tensors' bytes, shape,
     dtype, whether they are the same objects at the same addresses as at creation, whether
-    they changed; the staging and staged shards left; the staged tensor unchanged."""
+    they changed; the staging and staged shards left; the staged tensor unchanged, and
+    whether anything still holds it once processed."""
     from course_lib.layers.linear import ColumnParallelLinear
     from course_lib.layers.quant import Fp8Block, Int8PerChannel
     torch.set_num_threads(1)
@@ -148,7 +151,12 @@ def requantize(method: str, out_features: int, in_features: int, staged: str, sh
             buffers=sorted(n for n, _ in layer.named_buffers()),
             kinds={n: [str(t.dtype), list(t.shape)] for n, t in kernel.items()},
             staged_tensor_unchanged=w is None or digest(w) == w_before)
+        kept = None if w is None else weakref.ref(w)
+        del w
+        gc.collect()
         if "returned" in entry:
+            # No float copy of the weight survives the processing, under any name.
+            entry["float_weight_still_alive"] = kept is not None and kept() is not None
             ss = getattr(layer, "staged_shards", None)
             entry.update(staging_left=getattr(layer, "staging", None) is not None,
                          staged_shards_left=sorted(map(str, ss)) if isinstance(ss, (set, list, tuple)) else repr(ss),
