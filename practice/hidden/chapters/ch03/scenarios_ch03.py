@@ -18,7 +18,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def digest(t: torch.Tensor) -> str:
     """The bytes of ``t`` (with its dtype and shape): equal bytes, equal digest."""
     h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
-    flat = t.detach().cpu().reshape(-1).clone()  # plain strides, whatever the view's
+    flat = torch.empty(t.numel(), dtype=t.dtype)  # a fresh, dense copy, whatever the view's strides
+    flat.copy_(t.detach().cpu().reshape(-1))
     h.update(flat.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
 
