@@ -1,0 +1,256 @@
+"""Chapter 03 scenarios for the differential cases (``test_differential.py``): plain functions
+of JSON-able arguments, run on the learner's ``course_lib`` and on the reference's (see
+``twin.py``); each builds its weights and layers from a seed and returns what it observed,
+as JSON. Everything runs on the CPU, where both editions compute bit for bit alike, so
+values are compared by their bytes.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import weakref
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def digest(t: torch.Tensor) -> str:
+    """The bytes of ``t`` (with its dtype and shape): equal bytes, equal digest."""
+    h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
+    flat = torch.empty(t.numel(), dtype=t.dtype)  # a fresh, dense copy, whatever the view's strides
+    flat.copy_(t.detach().cpu().reshape(-1))
+    h.update(flat.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def weight(shape: list, dtype: str, layout: str, special: str, seed: int) -> torch.Tensor:
+    """A random weight of ``shape`` from ``seed``, maybe with a special row or value.
+
+    ``layout``: "contiguous" or "transposed" (a non-contiguous view). ``special``: "none",
+    "zero_row" (a row of zeros), "ties" (a row whose largest magnitude is 127 and whose
+    other values sit exactly halfway between integers), "small" (values near 1e-30),
+    "large" (values near 1e30), "nan", "inf", "-inf" (one such value)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 1
+    for s in shape:
+        n *= s
+    w = torch.randn(shape, generator=gen, dtype=torch.float64) * 3
+    if special == "small":
+        w = w * 1e-30
+    elif special == "large":
+        w = w * 1e30
+    if w.dim() == 2 and w.shape[0] and w.shape[1]:
+        r = int(torch.randint(w.shape[0], (1,), generator=gen))
+        c = int(torch.randint(w.shape[1], (1,), generator=gen))
+        if special == "zero_row":
+            w[r] = 0
+        elif special == "ties":
+            halves = torch.randint(-126, 126, (w.shape[1],), generator=gen).double() + 0.5
+            halves[c] = 127.0 if c % 2 else -127.0
+            w[r] = halves
+        elif special in ("nan", "inf", "-inf"):
+            w[r, c] = float(special)
+    elif special in ("nan", "inf", "-inf") and n:
+        w.view(-1)[0] = float(special)
+    w = w.to(DTYPES[dtype])
+    if layout == "transposed" and w.dim() == 2:
+        w = w.t().contiguous().t()
+    return w
+
+
+def _tensor_obs(t, w, contiguity: bool) -> dict:
+    if not isinstance(t, torch.Tensor):
+        return {"type": type(t).__name__}
+    out = {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device), "bytes": digest(t),
+           "shares_the_weight_storage": t.numel() > 0 and w.numel() > 0
+           and t.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()}
+    if contiguity:  # only where the contract promises it (FP8's q; int8's q may follow w's layout)
+        out["contiguous"] = t.is_contiguous()
+    return out
+
+
+def quantize(which: str, shape: list, dtype: str, layout: str, special: str, seed: int, block: int | None = None) -> dict:
+    """Quantize one weight: q and scale (shape, dtype, device, contiguity, bytes, whether
+    either shares the weight's memory), or which error; and the weight afterwards."""
+    from course_lib.layers import quant
+    torch.set_num_threads(1)
+    w = weight(shape, dtype, layout, special, seed)
+    before = digest(w)
+    try:
+        if which == "int8":
+            got = quant.quantize_int8_per_channel(w)
+        else:
+            got = quant.quantize_fp8_block(w) if block is None else quant.quantize_fp8_block(w, block)
+    except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
+        out = {"raised": type(exc).__name__}
+    else:
+        if isinstance(got, tuple) and len(got) == 2:
+            out = {"q": _tensor_obs(got[0], w, which == "fp8"), "scale": _tensor_obs(got[1], w, False)}
+        else:
+            out = {"returned": type(got).__name__}
+    out["weight_unchanged"] = digest(w) == before
+    return out
+
+
+# ---- exercise 3: requantize in place --------------------------------------------------------
+
+def _own_quantize(method, fail_on_nan: bool):
+    """A stand-in quantizer (so this case does not depend on exercises 1 and 4): integers
+    and scales that depend on every value of the weight, of the kernel tensors' shapes."""
+    from course_lib.layers.quant import Int8PerChannel
+
+    def q(w):
+        w = w.float()
+        if fail_on_nan and not torch.isfinite(w).all():
+            raise ValueError("the weight holds NaN or infinite values")
+        ints = (w * 7).round().clamp(-100, 100)
+        out, inn = w.shape
+        shape = method.scale_shape(out, inn)
+        scale = torch.full(shape, float(w.abs().sum()) + 1.0) + torch.arange(
+            int(torch.tensor(shape).prod()), dtype=torch.float32).view(shape)
+        return ints.to(torch.int8 if isinstance(method, Int8PerChannel) else torch.float8_e4m3fn), scale.float()
+    return q
+
+
+def requantize(method: str, out_features: int, in_features: int, staged: str, shards: list, seed: int,
+               rounds: int = 1) -> list:
+    """``rounds`` times: stage a weight (``staged``: "float", "nan" or "none"), process the
+    layer. After each: what it returned or which error; the kernel tensors' bytes, shape,
+    dtype, whether they are the same objects at the same addresses as at creation, whether
+    they changed; the staging and staged shards left; the staged tensor unchanged, and
+    whether anything still holds it once processed."""
+    from course_lib.layers.linear import ColumnParallelLinear
+    from course_lib.layers.quant import Fp8Block, Int8PerChannel
+    torch.set_num_threads(1)
+    m = Int8PerChannel() if method == "int8" else Fp8Block()
+    m.quantize = _own_quantize(m, fail_on_nan=True)
+    layer = ColumnParallelLinear(in_features, out_features, quant_method=m)
+    qweight, scale = layer.qweight, layer.weight_scale
+    q_ptr, s_ptr = qweight.data_ptr(), scale.data_ptr()
+    gen = torch.Generator().manual_seed(seed)
+    trace = []
+    for _ in range(rounds):
+        w = None
+        if staged != "none":
+            w = torch.randn(out_features, in_features, generator=gen)
+            if staged == "nan" and w.numel():
+                w.view(-1)[int(torch.randint(w.numel(), (1,), generator=gen))] = float("nan")
+            layer.staging, layer.staged_shards = w, set(shards)
+        w_before = None if w is None else digest(w)
+        q_before, s_before = digest(layer.qweight), digest(layer.weight_scale)
+        try:
+            entry = {"returned": repr(m.process_weights_after_loading(layer))}
+        except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
+            entry = {"raised": type(exc).__name__}
+        kernel = {"qweight": layer.qweight, "weight_scale": layer.weight_scale}
+        entry.update(
+            qweight=digest(layer.qweight), weight_scale=digest(layer.weight_scale),
+            qweight_changed=digest(layer.qweight) != q_before, scale_changed=digest(layer.weight_scale) != s_before,
+            same_objects=layer.qweight is qweight and layer.weight_scale is scale,
+            same_addresses=layer.qweight.data_ptr() == q_ptr and layer.weight_scale.data_ptr() == s_ptr,
+            buffers=sorted(n for n, _ in layer.named_buffers()),
+            kinds={n: [str(t.dtype), list(t.shape)] for n, t in kernel.items()},
+            staged_tensor_unchanged=w is None or digest(w) == w_before)
+        kept = None if w is None else weakref.ref(w)
+        del w
+        gc.collect()
+        if "returned" in entry:
+            # No float copy of the weight survives the processing, under any name.
+            entry["float_weight_still_alive"] = kept is not None and kept() is not None
+            ss = getattr(layer, "staged_shards", None)
+            entry.update(staging_left=getattr(layer, "staging", None) is not None,
+                         staged_shards_left=sorted(map(str, ss)) if isinstance(ss, (set, list, tuple)) else repr(ss),
+                         staged_shards_is_a_set=isinstance(ss, set))
+        trace.append(entry)
+    return trace
+
+
+# ---- exercise 2: stage each shard -----------------------------------------------------------
+
+def _layer(kind, sizes, hidden, tp_size, rank, method):
+    from course_lib.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear
+    from course_lib.layers.quant import Fp8Block, Int8PerChannel
+    m = Int8PerChannel() if method == "int8" else Fp8Block()
+    if kind == "plain":
+        return ColumnParallelLinear(hidden, sizes[0], tp_rank=rank, tp_size=tp_size, quant_method=m)
+    if kind == "merged":
+        return MergedColumnParallelLinear(hidden, list(sizes), tp_rank=rank, tp_size=tp_size, quant_method=m)
+    return QKVParallelLinear(hidden, 2, sizes[0], sizes[1], tp_rank=rank, tp_size=tp_size, quant_method=m)
+
+
+def _full_rows(kind, sizes, shard_id):
+    if kind == "plain":
+        return sizes[0]
+    if kind == "merged":
+        return sizes[shard_id]
+    return (sizes[0] if shard_id == "q" else sizes[1]) * 2
+
+
+def _own_rows(kind, sizes, tp_size, shard_id):
+    """Where a shard lands in a rank's weight, worked out here."""
+    if kind == "plain":
+        return 0, sizes[0] // tp_size
+    if kind == "merged":
+        return sum(s // tp_size for s in sizes[:shard_id]), sizes[shard_id] // tp_size
+    qr, kr = sizes[0] // tp_size * 2, sizes[1] // tp_size * 2
+    return {"q": (0, qr), "k": (qr, kr), "v": (qr + kr, kr)}[shard_id]
+
+
+def stage(kind: str, sizes: list, hidden: int, tp_size: int, rank: int, method: str, dtype: str, param_name,
+          shards: list, seed: int) -> list:
+    """Feed shards to a quantized layer's weight shell, through ``shards`` = [[shard id,
+    "weight_loader" | "local_loader", "right" | "wrong_shape"], ...]. After each: what the
+    loader returned or which error; the staging tensor (exists, shape, dtype, device, its
+    ``param_name``, whether it is the same tensor as after the first shard, the bytes of
+    the rows the shards fed so far); the staged shard ids; the kernel tensors unchanged."""
+    torch.set_num_threads(1)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[dtype])
+    try:
+        layer = _layer(kind, sizes, hidden, tp_size, rank, method)
+    finally:
+        torch.set_default_dtype(prev)
+    if param_name is not None:
+        layer.weight.param_name = param_name
+    shell = layer.weight
+    gen = torch.Generator().manual_seed(seed)
+    q0, s0 = digest(layer.qweight), digest(layer.weight_scale)
+    first, fed, trace = None, [], []
+    for shard_id, through, how in shards:
+        sid = None if kind == "plain" else shard_id
+        full = torch.randn(_full_rows(kind, sizes, sid), hidden, generator=gen) * 5
+        if through == "weight_loader":
+            loaded = full if how == "right" else full[:, :-1] if hidden > 1 else full[:0]
+        else:
+            rows = full.shape[0] // tp_size
+            loaded = full[rank * rows:(rank + 1) * rows]
+            loaded = loaded if how == "right" else torch.cat([loaded, loaded[:1]])
+        loaded_before = digest(loaded)
+        loader = getattr(shell, through)
+        try:
+            entry = {"returned": repr(loader(shell, loaded) if sid is None else loader(shell, loaded, sid))}
+            if how == "right":
+                fed.append(sid)
+        except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
+            entry = {"raised": type(exc).__name__}
+        st = getattr(layer, "staging", None)
+        if isinstance(st, torch.Tensor):
+            if first is None:
+                first = st
+            written = {}
+            for f in dict.fromkeys(fed):
+                a, n = _own_rows(kind, sizes, tp_size, f)
+                written[str(f)] = digest(st[a:a + n])
+            entry["staging"] = {"shape": list(st.shape), "dtype": str(st.dtype), "device": str(st.device),
+                                "param_name": getattr(st, "param_name", "<none>"), "same_tensor": st is first,
+                                "rows_fed": written, "is_the_shell": st is shell}
+        else:
+            entry["staging"] = repr(st)
+        ss = getattr(layer, "staged_shards", None)
+        entry["staged_shards"] = sorted(map(str, ss)) if isinstance(ss, (set, list, tuple)) else repr(ss)
+        entry["kernel_unchanged"] = digest(layer.qweight) == q0 and digest(layer.weight_scale) == s0
+        entry["shell_is_the_weight"] = layer.weight is shell and shell.device.type == "meta"
+        entry["loaded_unchanged"] = digest(loaded) == loaded_before
+        trace.append(entry)
+    return trace
