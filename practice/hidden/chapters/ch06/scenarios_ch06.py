@@ -153,7 +153,8 @@ def plan_tensor(name: str, shape: list, dtype: str, source: dict, dest: dict, sh
         return {"raised": type(exc).__name__, "message_starts_with_the_name": str(exc).startswith(name)}
     return {"returned": {
         "type": type(tp).__name__, "name": tp.name, "shape": list(tp.shape),
-        "shape_is_a_tuple_of_ints": type(tp.shape) is tuple and _ints(tp.shape),
+        # a tuple of ints, as the docstring says (torch.Size is one too)
+        "shape_is_a_tuple_of_ints": isinstance(tp.shape, tuple) and _ints(tp.shape),
         "dtype": str(tp.dtype), "source_is_the_given_layout": tp.source is src,
         "dest_is_the_given_layout": tp.dest is dst, "pieces_type": type(tp.pieces).__name__,
         "pieces": [_piece(p) for p in tp.pieces]}}
