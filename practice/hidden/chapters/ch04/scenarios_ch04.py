@@ -42,8 +42,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _CHECKPOINTS: dict = {}
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A fresh row-major copy (``contiguous()`` may keep odd strides on size-1 dimensions,
+    which a dtype view refuses)."""
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())
+
+
 def digest(t: torch.Tensor) -> str:
-    t = t.detach().contiguous().cpu()
+    t = _dense(t)
     h = hashlib.sha256(str(t.dtype).encode() + str(tuple(t.shape)).encode())
     h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
