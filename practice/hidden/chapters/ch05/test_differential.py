@@ -126,6 +126,12 @@ W = [["float32", 40]] * 12  # 160 bytes each, 3 to a 512-byte bucket
 @example(seed=4, bucket_bytes=256, num_buffers=3,
          ops=[["release", 0], ["round", [["int8", 200], ["float32", 96], ["uint8", 1]]], ["next"], ["next"], ["next"],
               ["next"], ["release", 2], ["release", 0], ["release", 0], ["release", 0]])
+@example(seed=6, bucket_bytes=512, num_buffers=2,  # receipt 4 wants slot 0 while receipt 2 is still in it
+         ops=[["round", W + W], ["next"], ["next"], ["release", 0], ["next"], ["release", 0], ["next"], ["next"],
+              ["release", 1], ["next"], ["release", 0], ["release", 0]])
+@example(seed=5, bucket_bytes=256, num_buffers=2,  # buckets of exactly bucket_bytes fit the reused buffers
+         ops=[["round", [["float32", 32], ["float32", 32], ["float32", 64], ["int8", 3]]], ["next"], ["next"],
+              ["release", 0], ["next"], ["release", 0], ["release", 0]])
 def test_sender_matches_the_reference(reference, seed, bucket_bytes, num_buffers, ops):
     same_trace(reference, "sender_trace", ops, f"see Exercise 3 of chapter 05 (The double-buffered sender); "
                f"BucketSender(bucket_bytes={bucket_bytes}, num_buffers={num_buffers})",
