@@ -127,7 +127,7 @@ def pack_case(seed: int, specs: list, out_mode: str, extra: int = 0, device: str
 # ---- validate ---------------------------------------------------------------------------------
 
 CORRUPTIONS = ["none", "overlap", "misaligned", "numel", "past_end", "negative_start", "start_after_end",
-               "span", "duplicate", "bool_numel", "float_start", "negative_dims", "bool_dim", "dtype_str",
+               "span", "span_long", "shifted_out", "shape_grown", "duplicate", "bool_numel", "float_start", "negative_dims", "bool_dim", "dtype_str",
                "not_metadata", "list_shape", "empty_list", "tuple_meta", "meta_dict", "flat_2d", "flat_meta_device",
                "flat_not_tensor"]
 
@@ -186,6 +186,7 @@ def corrupt(meta: list, corruption: str, k: int) -> None:
     """Corrupt entry ``k % len(meta)`` in place (nothing to corrupt in an empty bucket)."""
     if not meta:
         return
+    shift = -(-meta[-1].end_idx // 16) * 16 + 16  # past the end, alignment kept
     i = k % len(meta)
     m = meta[i]
     span = m.end_idx - m.start_idx
@@ -205,6 +206,12 @@ def corrupt(meta: list, corruption: str, k: int) -> None:
         m.start_idx, m.end_idx = m.end_idx + 1, m.end_idx
     elif corruption == "span":
         m.end_idx = m.start_idx + max(span - 1, 0) if span else m.start_idx + 1
+    elif corruption == "span_long":  # one byte (element) more: still inside the buffer when padding follows
+        m.end_idx += 1
+    elif corruption == "shifted_out":  # the right span, moved wholly past the buffer's end
+        m.start_idx, m.end_idx = m.start_idx + shift, m.end_idx + shift
+    elif corruption == "shape_grown":  # numel and span agree; the shape says twice as many
+        m.shape = tuple(m.shape) + (2,)
     elif corruption == "duplicate":
         m.name = meta[(i + 1) % len(meta)].name if len(meta) > 1 else m.name
         if len(meta) == 1:
