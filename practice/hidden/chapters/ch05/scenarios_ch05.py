@@ -13,7 +13,9 @@ first dimension) or "offset" (a contiguous view starting inside a larger storage
 from __future__ import annotations
 
 import hashlib
+import socket
 import threading
+import time
 
 import torch
 
@@ -338,6 +340,18 @@ def _bad_request(kind: str, names, dtypes, shapes):
     return names, dtypes, shapes
 
 
+def _wait_for_listener(port: int, limit_s: float = 5.0) -> None:
+    """Until something listens on ``port`` (a bind there fails), at most ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                return
+        time.sleep(0.002)
+
+
 def receive_trace(seed: int, ops: list) -> list:
     """``dist.receive_bucket`` on rank 1 of a real 2-process-style gloo group (rank 0 is a
     thread here that broadcasts byte buckets it packs by the rules, written out here):
@@ -373,6 +387,7 @@ def receive_trace(seed: int, ops: list) -> list:
 
     thread = threading.Thread(target=rank0, daemon=True)
     thread.start()
+    _wait_for_listener(port)  # rank 1 connecting before rank 0's store listens would wait out a retry
     group, _ = dist.new_group("127.0.0.1", port, 1, 2, "differential", "gloo", timeout_s=20)
     trace, earlier, k = [], [], 0
     for i, op in enumerate(ops):
