@@ -145,8 +145,10 @@ def compare_traces(ops: list, mine: list, theirs: list, explain: str = "") -> No
         if found:
             where, got, want = found
             steps = "\n".join(f"  {j}: {_short(op, 160)}" for j, op in enumerate(ops[:i + 1]))
+            # a trace may end with observations made after the last operation (the weights)
+            after = f"operation {i} ({_short(ops[i], 160)})" if i < len(ops) else "the last operation"
             raise AssertionError(
-                f"your engine and the reference differ after operation {i} ({_short(ops[i], 160)}), at {where}:\n"
+                f"your engine and the reference differ after {after}, at {where}:\n"
                 f"  yours:    {_short(got)}\n  expected: {_short(want)}\n"
                 f"the operations (replay them on a fresh engine to see it):\n{steps}"
                 + (f"\n{explain}" if explain else ""))
