@@ -5,20 +5,12 @@ and returns what it observed, as JSON.
 """
 from __future__ import annotations
 
-import hashlib
 
 import torch
 
+from engine_scenarios import tensor_digest as digest
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def digest(t: torch.Tensor) -> str:
-    """The bytes of ``t`` (with its dtype and shape): equal bytes, equal digest."""
-    h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
-    flat = torch.empty(t.numel(), dtype=t.dtype)  # a fresh, dense copy, whatever the view's strides
-    flat.copy_(t.detach().cpu().reshape(-1))
-    h.update(flat.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
 
 
 def _outcome(f) -> dict:

@@ -30,29 +30,15 @@ shape), "flat", "row" (one broadcastable row), "unsqueeze" (a leading 1: broadca
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import tempfile
 
 import torch
 
-from engine_scenarios import _scrub
+from engine_scenarios import _scrub, tensor_digest as digest
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _CHECKPOINTS: dict = {}
-
-
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """A fresh row-major copy (``contiguous()`` may keep odd strides on size-1 dimensions,
-    which a dtype view refuses)."""
-    return torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())
-
-
-def digest(t: torch.Tensor) -> str:
-    t = _dense(t)
-    h = hashlib.sha256(str(t.dtype).encode() + str(tuple(t.shape)).encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
 
 
 def _checkpoint(seed: int, tied: bool) -> str:

@@ -19,23 +19,11 @@ import time
 
 import torch
 
+from engine_scenarios import dense_copy, tensor_digest as digest
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
           "int64": torch.int64, "uint8": torch.uint8, "float64": torch.float64, "bool": torch.bool,
           "int32": torch.int32}
-
-
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """A fresh row-major copy (``contiguous()`` may keep odd strides on size-1 dimensions,
-    which a dtype view refuses)."""
-    return torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())
-
-
-def digest(t: torch.Tensor) -> str:
-    """The tensor's values as bytes in row-major order, with its dtype and shape."""
-    t = _dense(t)
-    h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
 
 
 def _values(gen, shape, dtype):
@@ -76,7 +64,7 @@ def _slot_bytes(flat: torch.Tensor, start: int, end: int) -> str:
 
 def _raw(t: torch.Tensor) -> str:
     """sha256 of a tensor's bytes in row-major order (what its slot must hold)."""
-    t = _dense(t)
+    t = dense_copy(t)
     return hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[:16]
 
 
@@ -147,7 +135,7 @@ def validate_case(seed: int, specs: list, corruption: str, k: int, layout: str =
         if layout == "bytes":
             start = -(-end // 16) * 16
             chunks.append(torch.full((start - end,), 0x5A, dtype=torch.uint8))
-            chunks.append(_dense(t).reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8))
+            chunks.append(dense_copy(t).reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8))
             end = start + t.numel() * t.element_size()
         else:
             start = end
@@ -311,7 +299,7 @@ def _bucket_bytes(pairs, gen) -> torch.Tensor:
     for _, t in pairs:
         start = -(-end // 16) * 16
         pieces.append(torch.randint(0, 256, (start - end,), generator=gen, dtype=torch.uint8))
-        pieces.append(_dense(t).reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8))
+        pieces.append(dense_copy(t).reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8))
         end = start + t.numel() * t.element_size()
     return torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
 

@@ -51,14 +51,26 @@ def _scrub(value):
     return repr(type(value).__name__)
 
 
+def dense_copy(t: torch.Tensor) -> torch.Tensor:
+    """A fresh row-major copy on the host (``contiguous()`` may keep odd strides on size-1
+    dimensions, which a dtype view refuses)."""
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """The tensor's values as bytes in row-major order, with its dtype and shape: equal
+    values, equal digest, whatever the view's strides or device."""
+    h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
+    h.update(dense_copy(t).reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 def weights_digest(tensors: dict) -> str:
     """A digest of the bytes of named tensors (equal bytes, equal digest)."""
     h = hashlib.sha256()
     for name in sorted(tensors):
-        t = tensors[name].detach().contiguous().cpu()
         h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(tensor_digest(tensors[name]).encode())
     return h.hexdigest()[:16]
 
 
