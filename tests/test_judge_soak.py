@@ -31,8 +31,8 @@ pytestmark = pytest.mark.skipif(not (REPO / "practice" / "hidden" / "chapters" /
 def test_the_reference_passes_ch00_at_every_seed_from_the_command_line():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("COURSE_HIDDEN_DIR", None)
-    proc = subprocess.run([sys.executable, "practice/judge.py", "soak", "ch00", "--seeds", "2", "--start", "5"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "practice/judge.py", "soak", "ch00", "--seeds", "2", "--start", "5",
+                           "--scenarios", "5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("soak ch00 (chapter): seeds 5..6 (2 seeds), 1 process(es), ")
@@ -41,7 +41,10 @@ def test_the_reference_passes_ch00_at_every_seed_from_the_command_line():
     for row in rows:  # every case, under its exercise, at both seeds
         assert row.split()[1] in ("ch00.cold_start_phases", "ch00.estimate_update"), row
         assert row.endswith("passed in 2 of 2 seeds"), row
-    assert "hypothesis cases" not in proc.stdout and "failures:" not in proc.stdout  # ch00 has no hypothesis case
+    # ch00's two differential (hypothesis) cases run once, apart from the seeds
+    hypothesis = [line for line in lines if line.startswith("test_differential.py::")]
+    assert len(hypothesis) == 2 and "failures:" not in proc.stdout, proc.stdout[-2000:]
+    assert "hypothesis cases: run once with COURSE_SCENARIOS=5" in proc.stdout, proc.stdout[-2000:]
     assert lines[-1] == "soak ch00: pass: every case ran and passed at every one of the 2 seeds"
 
 
@@ -57,7 +60,7 @@ def test_a_wrong_answer_that_only_some_draws_expose_is_caught_at_some_seeds(monk
                                 'if chunks == 64 and num_gpus == 8:\n    seconds["total"] = sum(busy)\n')
     root = variant_root(REPO, "ch00.estimate_update", wrong)
     try:
-        record = soak("ch00", range(0, 6), root=root)
+        record = soak("ch00", range(0, 6), root=root, scenarios=5)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     assert record["status"] == "fail"
