@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from judging.chapters import Chapter
-from judging.run import PLUGIN, Case, RunResult, _cases, _run_limited, records
+from judging.run import Case, RunResult, _cases, _run_limited, records, seal_work_dir
 
 
 def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: float = 300.0,
@@ -39,16 +39,7 @@ def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: f
     try:
         work = tmp / "work"
         work.mkdir()
-        tests = []
-        for src in chapter.public_files() + hidden_files:
-            if (work / src.name).exists():
-                raise ValueError(f"{src} has the same name as another test file of {chapter.id}")
-            shutil.copyfile(src, work / src.name)
-            tests.append(src.name)
-        if "test_public.py" not in tests:
-            raise ValueError(f"chapter {chapter.id} has no test_public.py in {chapter.path}")
-        (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
-        shutil.copyfile(PLUGIN, work / "conftest.py")
+        tests = copy_chapter_tests(chapter, hidden_files, work)
         results = tmp / "results.jsonl"  # outside the directory the tests run in
         env = _environment(root, results, chapter, exercises, threads)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
@@ -64,6 +55,21 @@ def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: f
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def copy_chapter_tests(chapter: Chapter, hidden_files: list[Path], work: Path) -> list[str]:
+    """Copy the chapter's public and ``hidden_files`` into run directory ``work`` and seal it
+    (run.seal_work_dir); returns the file names."""
+    tests = []
+    for src in chapter.public_files() + hidden_files:
+        if (work / src.name).exists():
+            raise ValueError(f"{src} has the same name as another test file of {chapter.id}")
+        shutil.copyfile(src, work / src.name)
+        tests.append(src.name)
+    if "test_public.py" not in tests:
+        raise ValueError(f"chapter {chapter.id} has no test_public.py in {chapter.path}")
+    seal_work_dir(work)
+    return tests
 
 
 def _environment(root: Path, results: Path, chapter: Chapter, exercises, threads) -> dict:

@@ -96,8 +96,7 @@ def run(problem: Problem, candidate: Path, *, hidden: bool = True, timeout: floa
         tests = _copy_tests(problem, hidden_files, work)
         name = candidate.name if candidate.name not in RESERVED | {p.name for p in tests} else "submitted_" + candidate.name
         shutil.copyfile(candidate, work / name)
-        (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
-        shutil.copyfile(PLUGIN, work / "conftest.py")
+        seal_work_dir(work)
         results = root / "results.jsonl"  # outside the learner's directory
         env = _environment(work / name, results, problem, threads)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
@@ -112,6 +111,13 @@ def run(problem: Problem, candidate: Path, *, hidden: bool = True, timeout: floa
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return result
+
+
+def seal_work_dir(work: Path) -> None:
+    """Make ``work`` a run directory of its own: an empty ``pytest.ini`` (pytest looks no
+    further up) and the judge's plugin as its ``conftest.py``."""
+    (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    shutil.copyfile(PLUGIN, work / "conftest.py")
 
 
 def _copy_tests(problem: Problem, hidden_files: list[Path], work: Path) -> list[Path]:

@@ -35,8 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from judging import chapters, problems, report
-from judging.chapter_run import _environment as chapter_environment, _verify_course_lib
-from judging.run import PLUGIN, Case, RunResult, _cases, _copy_tests, _environment, _run_limited, records
+from judging.chapter_run import _environment as chapter_environment, _verify_course_lib, copy_chapter_tests
+from judging.run import Case, RunResult, _cases, _copy_tests, _environment, _run_limited, records, seal_work_dir
 
 HYPOTHESIS = "hypothesis"  # the label of the one run of the hypothesis cases
 # The soak's process: the judging package only to import this module, then the run directory
@@ -67,16 +67,14 @@ def soak(name: str, seeds: range, *, jobs: int = 1, scenarios: int = 2000, timeo
         out.mkdir()
         threads = max(1, (os.cpu_count() or 1) // jobs)  # an OMP_NUM_THREADS already set wins
         if chapter:
-            for src in chapter.public_files() + hidden:
-                shutil.copyfile(src, work / src.name)
+            copy_chapter_tests(chapter, hidden, work)
             env = chapter_environment(root, out / "none", chapter, None, threads)
         else:
             _copy_tests(problem, hidden, work)
             shutil.copyfile(problem.solution, work / problem.solution.name)
+            seal_work_dir(work)
             env = _environment(work / problem.solution.name, out / "none", problem, threads)
         env["COURSE_SCENARIOS"] = str(scenarios)
-        (work / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest looking further up
-        shutil.copyfile(PLUGIN, work / "conftest.py")
         spec = {"results": str(out), "basetemp": str(tmp / "basetemp"),
                 "timeout": timeout, "hypothesis_timeout": timeout * max(1.0, scenarios / 40),
                 "args": ["-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
