@@ -7,6 +7,7 @@
 | ``COURSE_LIB_READ_CHUNK_MB`` | the pinned disk reader's segment (and pinned buffer) size, in MiB | ``64`` |
 | ``COURSE_LIB_PINNED_READER`` | ``0``: read checkpoints to a GPU the plain way, not through the pinned reader | on |
 | ``COURSE_LIB_COPY_PLAN`` | ``0``: unquantized one-rank updates take the general loaders, not the copy plan | on |
+| ``COURSE_LIB_FUSED_KERNELS`` | ``0``: the GPU forward pass runs plain torch ops, not the fused Triton kernels (``layers/fused.py``); ``interpret``: the fused kernels also on the CPU, through Triton's interpreter (tests) | on |
 | ``COURSE_LIB_DIRECT_QUANT`` | ``0``: quantized updates take the general path, not the direct requantization | on |
 | ``COURSE_LIB_REGISTERED_COPY`` | how a registered bucket is copied: ``loop``, ``foreach``, ``graph`` or ``scatter`` | by device (``weights/registered.py``) |
 | ``COURSE_LIB_GROUP_CONNECT_TIMEOUT_S`` | seconds joining a weight-update process group may take | ``30`` |
@@ -79,6 +80,18 @@ def pinned_reader() -> bool:
 def copy_plan() -> bool:
     """False when ``COURSE_LIB_COPY_PLAN=0``."""
     return _switch("COURSE_LIB_COPY_PLAN")
+
+
+def fused_kernels() -> str:
+    """``COURSE_LIB_FUSED_KERNELS``: "on" (default), "off" (``0``) or "interpret"."""
+    value = _raw("COURSE_LIB_FUSED_KERNELS")
+    if value is None or value == "1":
+        return "on"
+    if value == "0":
+        return "off"
+    if value == "interpret":
+        return "interpret"
+    raise SettingsError(f"COURSE_LIB_FUSED_KERNELS={value!r}: use 0, 1 or interpret")
 
 
 def direct_quant() -> bool:

@@ -10,6 +10,8 @@
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
 #   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s at ~1.7B (FastAPI wheels: scripts/server_wheels.sh)
+#   bash scripts/gpu_check.sh serving  every CUDA test, ~8B decode (profiled), first token and
+#                                      hot update (hot-vs-cold), in-process updates
 #   bash scripts/gpu_check.sh mutate   judge.py mutate on every chapter (3 per region;
 #                                      CHAPTERS="ch03 ch05" for some only)
 #   bash scripts/gpu_check.sh buckets  the bucket fast path's CUDA tests and the bucket-vs-registered update bench
@@ -87,6 +89,18 @@ if [ "${1:-}" = "serve-load" ]; then
     # python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
     python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --update-every-s 2 \
         --duration-s 240 --json "$out/serve_load_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_load_qwen3-1.7b.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "serving" ]; then
+    python -m pytest -m cuda -p no:cacheprovider -q -rfEs --continue-on-collection-errors \
+        > "$out/pytest_cuda_serving.log" 2>&1 || status=1
+    grep -E "passed|failed|^FAILED|^ERROR|Error" "$out/pytest_cuda_serving.log" | tail -30
+    python -m course_lib.bench decode --preset qwen3-8b --batch 1 8 --profile --json "$out/decode_qwen3-8b.json" 2>&1 \
+        | grep -v "it/s]" | tee "$out/decode_qwen3-8b.log" || status=1
+    python -m course_lib.bench hot-vs-cold --preset qwen3-8b --json "$out/hot_vs_cold_qwen3-8b.json" 2>&1 \
+        | grep -v "it/s]" | tee "$out/hot_vs_cold_qwen3-8b.log" || status=1
+    python -m course_lib.bench update --preset qwen3-8b --parts loop inproc --json "$out/update_inproc_qwen3-8b.json" 2>&1 \
+        | grep -v "it/s]" | tee "$out/update_inproc_qwen3-8b.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "large" ]; then

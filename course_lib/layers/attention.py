@@ -5,10 +5,13 @@ head_dim]`` (the last block is scratch space that padded batch slots write to, s
 captured CUDA graph needs no branches). A sequence's tokens live in the blocks its block
 table lists; token ``t`` of a sequence is at slot ``block_table[t // bs] * bs + t % bs``.
 
-Prefill runs sequence by sequence (lengths differ, and it is never graph-captured).
+Prefill runs sequence by sequence (lengths differ, and it is never graph-captured); on a
+GPU with Triton one kernel serves the whole batch (``fused.paged_prefill_attention``).
 Decode runs the whole batch at once with static shapes, so it can be captured: keys are
 gathered through padded block tables and positions past each context are masked.
-The arithmetic follows transformers' eager attention (scores in the model's dtype,
+On a GPU with Triton, decode instead reads the cache in place through the block tables, one
+kernel for the whole batch (``fused.paged_decode_attention``: no gather, no masked work
+past each context). The arithmetic follows transformers' eager attention (scores in the model's dtype,
 softmax in float32), which is what the logits tests compare against.
 """
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from course_lib.layers import fused
 
 
 @dataclass
@@ -27,6 +32,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor          # [batch, width] block ids, padded
     query_lens: list[int] | None = None  # prefill: new tokens per sequence
     context_lens_list: list[int] | None = None
+    query_starts: torch.Tensor | None = None  # prefill: [batch + 1] where each sequence's new tokens start
 
 
 class Attention(nn.Module):
@@ -42,9 +48,18 @@ class Attention(nn.Module):
         self.k_cache.view(kv_shape).index_copy_(0, slot_mapping, k)
         self.v_cache.view(kv_shape).index_copy_(0, slot_mapping, v)
 
+    def fused_fits(self, x: torch.Tensor) -> bool:
+        """Whether the fused kernels serve this layer for ``x`` (``layers/fused.py``)."""
+        return fused.enabled(x) and fused.decode_fits(self.group, self.head_dim, self.k_cache.shape[1])
+
     def forward(self, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, Hq, D], k and v: [T, Hkv, D] for this step's new tokens -> [T, Hq*D]."""
         self._store(k, v, meta.slot_mapping)
+        return self.attend(q, meta)
+
+    def attend(self, q, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention of this step's queries over the cache, which already holds this step's
+        keys and values."""
         if meta.is_prefill:
             return self._prefill(q, meta)
         return self._decode(q, meta)
@@ -55,6 +70,10 @@ class Attention(nn.Module):
         return g.reshape(*block_ids.shape[:-1], -1, self.num_kv_heads, self.head_dim)
 
     def _prefill(self, q, meta):
+        if self.fused_fits(q) and meta.query_starts is not None:
+            return fused.paged_prefill_attention(q, self.k_cache, self.v_cache, meta.block_tables,
+                                                 meta.context_lens, meta.query_starts, max(meta.query_lens),
+                                                 self.scale)
         out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         bs = self.k_cache.shape[1]
         start = 0
@@ -75,6 +94,9 @@ class Attention(nn.Module):
         return out
 
     def _decode(self, q, meta):
+        if self.fused_fits(q):
+            return fused.paged_decode_attention(q, self.k_cache, self.v_cache, meta.block_tables,
+                                                meta.context_lens, self.scale)
         b = q.shape[0]
         k = self._gather(self.k_cache, meta.block_tables)  # [B, L, Hkv, D]
         v = self._gather(self.v_cache, meta.block_tables)

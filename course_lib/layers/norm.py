@@ -1,9 +1,11 @@
-"""RMSNorm, computed in float32 like Hugging Face's Qwen3RMSNorm."""
+"""RMSNorm, computed in float32 like Hugging Face's Qwen3RMSNorm (one fused kernel on a GPU:
+``layers/fused.py``)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from course_lib.layers import fused
 from course_lib.layers.linear import default_weight_loader
 
 
@@ -16,6 +18,8 @@ class RMSNorm(nn.Module):
         self.weight.local_loader = default_weight_loader  # replicated: every rank's part is the whole
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.enabled(x) and x.stride(-1) == 1:
+            return fused.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from course_lib.config import ModelConfig
+from course_lib.layers import fused
 from course_lib.layers.attention import Attention, AttentionMetadata
 from course_lib.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from course_lib.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
@@ -71,7 +72,14 @@ class Qwen3Attention(nn.Module):
         self.head_dim = d
 
     def forward(self, positions, x, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if self.attn.fused_fits(x):  # q/k norm, rotary and the cache writes in one kernel
+            r, a = self.rotary, self.attn
+            q = fused.qkv_norm_rope_store(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight,
+                                          self.k_norm.weight, self.q_norm.eps, r.cos, r.sin, positions,
+                                          meta.slot_mapping, a.k_cache, a.v_cache)
+            return self.o_proj(a.attend(q, meta))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -87,6 +95,8 @@ class Qwen3MLP(nn.Module):
         self.down_proj = RowParallelLinear(i, config.hidden_size, tp_rank, tp_size, quant_method)
 
     def forward(self, x):
+        if fused.enabled(x):
+            return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(nn.functional.silu(gate) * up)
 
@@ -104,6 +114,15 @@ class Qwen3DecoderLayer(nn.Module):
         x = x + self.self_attn(positions, self.input_layernorm(x), meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_fused(self, positions, normed, residual, meta, next_norm: RMSNorm):
+        """The same layer with each residual add fused into the RMSNorm after it: takes
+        this layer's normed input and the residual stream, returns the next norm's output
+        (``next_norm``: the next layer's input norm, or the model's final norm) and the
+        new residual stream."""
+        normed, residual = fused.add_rms_norm(self.self_attn(positions, normed, meta), residual,
+                                              self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return fused.add_rms_norm(self.mlp(normed), residual, next_norm.weight, next_norm.eps)
+
 
 class Qwen3Model(nn.Module):
     def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int, quant_method=None):
@@ -116,6 +135,12 @@ class Qwen3Model(nn.Module):
 
     def forward(self, input_ids, positions, meta):
         x = self.embed_tokens(input_ids)
+        if fused.enabled(x):  # the residual adds fused into the norms after them (same values)
+            normed, residual = self.layers[0].input_layernorm(x), x
+            nexts = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+            for layer, next_norm in zip(self.layers, nexts):
+                normed, residual = layer.forward_fused(positions, normed, residual, meta, next_norm)
+            return normed
         for layer in self.layers:
             x = layer(positions, x, meta)
         return self.norm(x)
