@@ -292,6 +292,15 @@ def _layer_digests(model) -> dict:
     return {k: hashlib.sha256(";".join(v).encode()).hexdigest()[:16] for k, v in per.items()}
 
 
+def _waiting(pairs, is_fed):
+    """A layer's buffer as the contract shapes it, a list of (name, tensor) pairs: per pair
+    its name, bytes, dtype, device and whether it is the very tensor fed; anything else by type."""
+    if not isinstance(pairs, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], torch.Tensor) for p in pairs):
+        return f"not a list of (name, tensor) pairs: {type(pairs).__name__}"
+    return [[str(n), digest(b), str(b.dtype), str(b.device), is_fed(n, b)] for n, b in pairs]
+
+
 def _feed_plan(bring: list, order: str, faults: list, stop_short: int, gen) -> list:
     """[kind, name] in the order fed: every name the update brings once, ordered by ``order``
     ("layers": layer after layer, in a random layer order, the names of each in a random
@@ -409,8 +418,7 @@ def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_nam
             break
         entry.update(
             held_bytes=reload.held_bytes, peak_held_bytes=reload.peak_held_bytes,
-            buffers={str(k): [[str(n), digest(b), str(b.dtype), str(b.device), is_fed(n, b)] for n, b in v]
-                     for k, v in sorted(reload.buffers.items()) if v},
+            buffers={str(k): _waiting(v, is_fed) for k, v in sorted(reload.buffers.items()) if v},
             remaining={str(k): sorted(v) for k, v in sorted(reload.remaining.items()) if v},
             applied=list(reload.applied), transfers=transfers[0], applies=applies[:],
             fed_alive=sum(1 for r, _ in alive if r() is not None),
