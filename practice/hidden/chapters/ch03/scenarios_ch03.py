@@ -246,3 +246,192 @@ def stage(kind: str, sizes: list, hidden: int, tp_size: int, rank: int, method: 
         entry["loaded_unchanged"] = digest(loaded) == loaded_before
         trace.append(entry)
     return trace
+
+
+# ---- exercise 5: the layer-by-layer buffer ----------------------------------------------------
+#
+# A real engine's model (a tiny config, maybe quantized) and a new checkpoint's tensors, from a
+# seed; a LayerwiseReload expecting some of its names is fed a drawn sequence of tensors (layers
+# interleaved, names refused, one fed twice, a NaN layer, an update that stops short). The
+# reload's ``_transfer`` and ``_apply`` (the calls the contract names) are wrapped on the
+# instance to count and log them; the real ones run.
+
+_LAYERWISE_CONFIGS = [dict(hidden_size=48, intermediate_size=96, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=16, num_hidden_layers=2, tie_word_embeddings=False),
+                      dict(hidden_size=64, intermediate_size=200, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, num_hidden_layers=3, tie_word_embeddings=True),
+                      dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1,
+                           head_dim=32, num_hidden_layers=1, tie_word_embeddings=False)]
+_LAYERWISE_CHECKPOINTS: dict = {}
+_LAYERWISE_TMP = []
+
+
+def _layerwise_checkpoint(config_index: int, seed: int):
+    import tempfile
+    from course_lib.weights.checkpoint import preset, random_state_dict, write_checkpoint
+    if not _LAYERWISE_TMP:
+        _LAYERWISE_TMP.append(tempfile.TemporaryDirectory(prefix="ch03-layerwise-"))
+    key = (config_index, seed)
+    if key not in _LAYERWISE_CHECKPOINTS:
+        config = preset("tiny", **_LAYERWISE_CONFIGS[config_index])
+        _LAYERWISE_CHECKPOINTS[key] = (config, write_checkpoint(f"{_LAYERWISE_TMP[0].name}/c{config_index}-{seed}",
+                                                                config, random_state_dict(config, seed)))
+    return _LAYERWISE_CHECKPOINTS[key]
+
+
+def _layer_digests(model) -> dict:
+    """One digest per layer of everything the kernels read (parameters and buffers)."""
+    from course_lib.weights.layerwise import layer_key
+    import hashlib
+    per = {}
+    for name, t in sorted(list(model.named_parameters()) + list(model.named_buffers())):
+        if t.device.type == "meta":
+            continue
+        per.setdefault(layer_key(name) if name.startswith("model.layers.") else name, []).append(
+            f"{name}={digest(t)}")
+    return {k: hashlib.sha256(";".join(v).encode()).hexdigest()[:16] for k, v in per.items()}
+
+
+def _waiting(pairs, is_fed):
+    """A layer's buffer as the contract shapes it, a list of (name, tensor) pairs: per pair
+    its name, bytes, dtype, device and whether it is the very tensor fed; anything else by type."""
+    if not isinstance(pairs, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], torch.Tensor) for p in pairs):
+        return f"not a list of (name, tensor) pairs: {type(pairs).__name__}"
+    return [[str(n), digest(b), str(b.dtype), str(b.device), is_fed(n, b)] for n, b in pairs]
+
+
+def _feed_plan(bring: list, order: str, faults: list, stop_short: int, gen) -> list:
+    """[kind, name] in the order fed: every name the update brings once, ordered by ``order``
+    ("layers": layer after layer, in a random layer order, the names of each in a random
+    order; "interleaved": the same with a few tensors fed early, before their layer's turn;
+    "shuffled": any order), then ``faults`` [kind, at, index]: "unknown" and "twice" insert a
+    name the update does not bring (``index`` into those) or one it brings a second time at
+    position ``at``; "nan" puts a NaN into the tensor of the ``index``-th name; the last
+    ``stop_short`` are left out."""
+    from course_lib.weights.layerwise import layer_key
+
+    def perm(n):
+        return torch.randperm(n, generator=gen).tolist()
+    groups = {}
+    for n in bring:
+        groups.setdefault(layer_key(n), []).append(n)
+    keys = list(groups)
+    plan = [["feed", n] for k in (keys[i] for i in perm(len(keys))) for n in (groups[k][j] for j in perm(len(groups[k])))]
+    if order == "shuffled":
+        plan = [plan[i] for i in perm(len(plan))]
+    elif order == "interleaved" and len(plan) > 2:
+        for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
+            a = int(torch.randint(1, len(plan), (1,), generator=gen))
+            b = int(torch.randint(0, a, (1,), generator=gen))
+            plan.insert(b, plan.pop(a))  # fed early, before the layers in between
+    for kind, at, index in faults:
+        if kind == "nan" and bring:
+            target = bring[index % len(bring)]
+            plan = [["nan", n] if n == target and k == "feed" else [k, n] for k, n in plan]
+        elif kind == "twice" and bring:
+            plan.insert(at % (len(plan) + 1), ["twice", bring[index % len(bring)]])
+        elif kind == "unknown":
+            plan.insert(at % (len(plan) + 1), ["unknown", index])
+    return plan[:len(plan) - stop_short] if stop_short else plan
+
+
+def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_names: list, order: str,
+              faults: list, stop_short: int = 0, layout: str = "contiguous", dtype: str = "as_checkpoint",
+              device: str = "cpu") -> list:
+    """Feed a LayerwiseReload on a tiny model (``config``: an index into the configs above;
+    ``quantization``: None, "int8" or "fp8"). The update brings the new checkpoint's layers
+    ``bring_layers`` (indices into its layers in order; empty: every layer) less the names
+    ``drop_names`` (indices; unquantized models only: a quantized fused layer is requantized
+    whole, so its update brings all its shards), fed as ``_feed_plan`` says. ``layout``:
+    "contiguous" or "transposed" (2-D tensors fed as non-contiguous views); ``dtype``:
+    "as_checkpoint" or a float dtype the tensors are fed in.
+    After each feed: what it returned or which error; which layers of the model changed;
+    held and peak bytes; the buffers ({layer: [[name, bytes digest, dtype, device, whether
+    it is the very tensor fed]]}, layers with tensors waiting); the names still to come; the
+    layers applied; how many transfers and applies so far, and what each apply was given
+    (names, bytes, whether the very tensors fed); how many fed tensors are still alive, and
+    their bytes. At the end (unless a layer's write failed): what ``finish`` returns or which
+    error, and every layer's digest."""
+    import weakref
+    from course_lib import Engine
+    from course_lib.weights.checkpoint import random_state_dict
+    from course_lib.weights.layerwise import LayerwiseReload, layer_key
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(seed)
+    cfg, path = _layerwise_checkpoint(config, seed % 2)
+    engine = Engine(path, quantization=quantization, device=device)
+    model = engine.model
+    new = random_state_dict(cfg, 1000 + seed)
+    keys = list(dict.fromkeys(layer_key(n) for n in new))
+    chosen = {keys[i % len(keys)] for i in bring_layers} if bring_layers else set(keys)
+    bring = [n for n in new if layer_key(n) in chosen]
+    if quantization is None and drop_names and bring:
+        dropped = {bring[i % len(bring)] for i in drop_names}
+        bring = [n for n in bring if n not in dropped]
+    others = [n for n in new if n not in bring] + ["model.layers.0.mlp.extra_proj.weight",
+                                                   "model.layers.99.mlp.up_proj.weight", "model.unknown.weight"]
+    plan = _feed_plan(bring, order, faults, stop_short, gen)
+    start = _layer_digests(model)
+    reload = LayerwiseReload(model, list(bring), device)
+    transfers, applies = [0], []
+    real_transfer, real_apply = reload._transfer, reload._apply
+    fed = {}  # name: weak references to the tensors fed under it
+
+    def is_fed(name, t):
+        return any(r() is t for r in fed.get(name, ()))
+
+    def counted_transfer(tensor):
+        transfers[0] += 1
+        return real_transfer(tensor)
+
+    def logged_apply(key, tensors):
+        applies.append([key, sorted([str(n), digest(t), is_fed(n, t)] for n, t in tensors)])
+        return real_apply(key, tensors)
+    reload._transfer, reload._apply = counted_transfer, logged_apply
+
+    alive, trace, write_failed = [], [], False
+    for kind, name in plan:
+        if kind == "unknown":
+            name = others[name % len(others)]
+            base = new.get(name, new[bring[0]] if bring else torch.zeros(2, 2))
+        else:
+            base = new[name]
+        t = base.clone() if dtype == "as_checkpoint" else base.to(DTYPES[dtype])
+        if kind == "nan" and t.numel():
+            t.view(-1)[int(torch.randint(t.numel(), (1,), generator=gen))] = float("nan")
+        if layout == "transposed" and t.dim() == 2:
+            t = t.t().contiguous().t()
+        fed.setdefault(name, []).append(weakref.ref(t))
+        alive.append((weakref.ref(t), t.numel() * t.element_size()))
+        try:
+            entry = {"op": [kind, name], "returned": repr(reload.feed(name, t))}
+        except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
+            entry = {"op": [kind, name], "raised": type(exc).__name__}
+            write_failed = bool(applies) and applies[-1][0] not in reload.applied
+        del t
+        gc.collect(0)  # a young cycle (a traceback's frames) holds no tensor past this point
+        now = _layer_digests(model)
+        entry["layers_changed"] = sorted(k for k in now if now[k] != start.get(k))
+        if write_failed:  # what the reload holds after a failed write is left free by the contract
+            trace.append(entry)
+            break
+        entry.update(
+            held_bytes=reload.held_bytes, peak_held_bytes=reload.peak_held_bytes,
+            buffers={str(k): _waiting(v, is_fed) for k, v in sorted(reload.buffers.items()) if v},
+            remaining={str(k): sorted(v) for k, v in sorted(reload.remaining.items()) if v},
+            applied=list(reload.applied), transfers=transfers[0], applies=applies[:],
+            fed_alive=sum(1 for r, _ in alive if r() is not None),
+            fed_alive_bytes=sum(n for r, n in alive if r() is not None))
+        trace.append(entry)
+    if not write_failed:
+        try:
+            stats = reload.finish()
+            end = {"finish": {k: v for k, v in stats.items() if k != "gpu_peak_extra_bytes"}}
+            if "gpu_peak_extra_bytes" in stats:  # the allocator's figure: compared within a bound by the test
+                end["gpu_peak_extra_bytes"] = stats["gpu_peak_extra_bytes"]
+        except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
+            end = {"finish_raised": type(exc).__name__}
+        end["layers"] = _layer_digests(model)
+        trace.append(end)
+    return trace

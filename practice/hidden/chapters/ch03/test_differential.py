@@ -4,7 +4,10 @@ dtype, empty and non-contiguous weights, zero rows and tiles, exact rounding tie
 and huge magnitudes, NaN and infinities, partial FP8 tiles; shards through either loader,
 in any order, of the wrong shape). Everything is compared bit for bit on the CPU: the
 integers and scales, their shapes, dtypes and devices, which error, that the weight is
-left alone, the kernel tensors' objects and addresses, what staging is left.
+left alone, the kernel tensors' objects and addresses, what staging is left. And the
+layer-by-layer reload buffer fed the same tensors in the same orders (layers interleaved,
+names refused, one sent twice, a NaN layer, an update cut short): after every feed, what it
+held and counted, what it wrote and when, what it handed to the model.
 See ``scenarios_ch03.py`` (run in both editions) and ``shared/twin.py``.
 
 The requantization case uses a stand-in quantizer and the staging case its own row
@@ -149,3 +152,89 @@ def staging(kind, sizes, shards, tp_size=2, rank=1, method="int8", dtype="bfloat
 def test_stage_shard_matches_the_reference(reference, case):
     same(reference, "stage", case, f"shards fed to a quantized layer's weight shell: {case}", 2,
          "Stage each shard")
+
+
+# ---- ch03.layerwise_buffer -------------------------------------------------------------------
+#
+# Compared after every feed (``scenarios_ch03.layerwise``): what feed returned or which error
+# (its type; the message is left free); which layers of the model changed (a layer is written
+# when its last tensor arrives, never before, and a refused name writes nothing); the held
+# and peak bytes the reload counts; the tensors waiting, per layer, with their bytes, dtype,
+# device and whether each is the very tensor fed (no copy on the engine's device); the names
+# still to come; the layers applied; how many times ``_transfer`` and ``_apply`` were called
+# and what each apply was given, bit for bit; how many fed tensors are still alive, and their
+# bytes (a layer's buffers are dropped once it is written). At the end: ``finish``'s report or
+# its error, and every layer of the model, bit for bit. Left free by the contract and not
+# compared: a layer left with no tensor waiting may keep an empty entry in ``buffers`` or
+# ``remaining``; what the reload holds after a layer's write failed (the trace stops there).
+
+def layerwise_case(config=0, quantization=None, seed=0, bring_layers=(), drop_names=(), order="layers", faults=(),
+                   stop_short=0, layout="contiguous", dtype="as_checkpoint"):
+    return dict(config=config, quantization=quantization, seed=seed, bring_layers=list(bring_layers),
+                drop_names=list(drop_names), order=order, faults=[list(f) for f in faults], stop_short=stop_short,
+                layout=layout, dtype=dtype)
+
+
+layerwise_cases = st.builds(
+    layerwise_case, config=st.integers(0, 2), quantization=st.sampled_from([None, None, "int8", "fp8"]),
+    seed=st.integers(0, 10_000), bring_layers=st.one_of(st.just([]), st.lists(st.integers(0, 6), max_size=3)),
+    drop_names=st.one_of(st.just([]), st.lists(st.integers(0, 40), max_size=3)),
+    order=st.sampled_from(["layers", "interleaved", "interleaved", "shuffled"]),
+    faults=st.lists(st.tuples(st.sampled_from(["unknown", "twice", "twice", "nan"]), st.integers(0, 40),
+                              st.integers(0, 40)), max_size=3),
+    stop_short=st.sampled_from([0, 0, 0, 0, 1, 3]), layout=st.sampled_from(["contiguous", "contiguous", "transposed"]),
+    dtype=st.sampled_from(["as_checkpoint", "as_checkpoint", "float32", "bfloat16"]))
+
+
+def layerwise_same(reference, case):
+    mine = twin.run_here("scenarios_ch03:layerwise", **case)
+    theirs = reference.run("scenarios_ch03:layerwise", **case)
+    twin.compare_traces(_feeds(theirs), mine, theirs, _told(case))
+
+
+def _feeds(trace):
+    return [f"feed({e['op'][1]!r}, <{e['op'][0]}>)" for e in trace if "op" in e] + ["finish()"]
+
+
+def _told(case):
+    return (f"the scenario (a LayerwiseReload on a tiny model, see scenarios_ch03.layerwise): {case}\n"
+            + explain(5, "The layer-by-layer reload buffer"))
+
+
+@pytest.mark.exercise("ch03.layerwise_buffer")
+@DIFFERENTIAL
+@given(case=layerwise_cases)
+@example(case=layerwise_case())                                               # one layer after another
+@example(case=layerwise_case(config=1, seed=1, order="interleaved"))          # some tensors of later layers early
+@example(case=layerwise_case(config=1, seed=2, order="shuffled"))             # many layers waiting at once
+@example(case=layerwise_case(config=1, quantization="int8", seed=3, order="interleaved"))  # staging counted too
+@example(case=layerwise_case(config=0, quantization="fp8", seed=4, order="shuffled"))
+@example(case=layerwise_case(config=1, seed=5, faults=[("unknown", 3, 40), ("unknown", 7, 41), ("unknown", 0, 42)]))
+@example(case=layerwise_case(config=1, seed=6, bring_layers=[1, 3], faults=[("unknown", 2, 0)]))  # not in this update
+@example(case=layerwise_case(config=0, seed=7, faults=[("twice", 40, 0), ("twice", 5, 3)]))  # sent twice
+@example(case=layerwise_case(config=1, quantization="int8", seed=8, faults=[("nan", 0, 5)]))  # refused, not written
+@example(case=layerwise_case(config=0, seed=9, faults=[("nan", 0, 0)], order="interleaved"))
+@example(case=layerwise_case(config=1, seed=10, stop_short=3))                # finish: layers left incomplete
+@example(case=layerwise_case(config=2, seed=11, bring_layers=[2], drop_names=[0, 3]))  # part of a layer
+@example(case=layerwise_case(config=1, seed=12, layout="transposed", dtype="float32"))  # views, another dtype
+@example(case=layerwise_case(config=0, quantization="int8", seed=13, layout="transposed", dtype="bfloat16"))
+def test_layerwise_buffer_matches_the_reference(reference, case):
+    layerwise_same(reference, case)
+
+
+@pytest.mark.exercise("ch03.layerwise_buffer")
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", [layerwise_case(config=1, seed=20, order="interleaved"),
+                                  layerwise_case(config=1, quantization="int8", seed=21, order="shuffled",
+                                                 faults=[("unknown", 4, 40), ("twice", 9, 2)])])
+def test_layerwise_buffer_on_the_gpu_matches_the_reference(reference, case):
+    """Host tensors fed to a reload on the GPU wait there (moved on arrival), and the
+    allocator's peak above the start stays within 64 KiB of the reference's (block rounding)."""
+    case = dict(case, device="cuda")
+    mine = twin.run_here("scenarios_ch03:layerwise", **case)
+    theirs = reference.run("scenarios_ch03:layerwise", **case)
+    peaks = [t[-1].pop("gpu_peak_extra_bytes", None) for t in (mine, theirs)]
+    twin.compare_traces(_feeds(theirs), mine, theirs, _told(case))
+    assert peaks[1] is not None and peaks[0] is not None and peaks[0] <= peaks[1] + (64 << 10), (
+        f"on {case}: the GPU allocator's peak above the start was {peaks[0]} bytes, the reference's {peaks[1]}: "
+        f"a reload holds about one layer; {explain(5, 'The layer-by-layer reload buffer')}")
