@@ -48,6 +48,19 @@ def _exception_classes():
             "Exception": Exception}
 
 
+def _mixed(classes: list) -> type:
+    """One class of ``classes`` in that order; where Python cannot order them (a class
+    before its own subclass), the subclass first; where it cannot at all, the first alone."""
+    if len(classes) == 1:
+        return classes[0]
+    for order in (classes, classes[::-1]):
+        try:
+            return type("Mixed", tuple(order), {})
+        except TypeError:
+            continue
+    return classes[0]
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.NOTSET)
@@ -72,9 +85,7 @@ def error_status(bases: list, words: str, unhealthy, api_error=None) -> dict:
     if api_error is not None:
         exc = ApiError(api_error[0], api_error[1], words, retryable=api_error[2])
     else:
-        classes = [_exception_classes()[b] for b in bases]
-        cls = classes[0] if len(classes) == 1 else type("Mixed", tuple(classes), {})
-        exc = cls(words)
+        exc = _mixed([_exception_classes()[b] for b in bases])(words)
     args_before = exc.args
     before = {k: getattr(exc, k, None) for k in ("status", "code", "message", "retryable")}
     engine = _Engine(unhealthy)
