@@ -38,7 +38,7 @@ def assert_close(got, ref, dtype, what, min_equal=0.95):
         # against the row's largest value, not the element's own (rotary's sum of two
         # products can cancel to near zero, where one step of an input is large relative).
         step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-        scale = ref.float().abs().flatten(1).amax(1).view(-1, *[1] * (ref.dim() - 1))
+        scale = ref.float().abs().flatten(1).amax(1).clamp_min(1e-30).view(-1, *[1] * (ref.dim() - 1))  # rows of zeros: 0
         worst = (diff / scale).max().item()
         equal = (got == ref).float().mean().item()
         assert worst <= 2 * step, f"{what}: largest difference {worst:.3g} of the row's largest value"

@@ -114,6 +114,27 @@ def test_apply_mixed_dtypes_and_a_generator(tmp_path, rng):
 
 
 @COPY
+def test_apply_writes_views_of_every_size_in_their_own_memory(rng):
+    """Weights of real models are megabytes each (these tests' models are tiny): views
+    below, at and above a megabyte, from sources of the view's dtype and of another one."""
+    r, seed = rng
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    sizes = {"big": (512, 1024), "one_mib": (256, 1024), "just_under": (255, 1024), "odd": (37, 5), "small": (64,)}
+    views = {name: torch.zeros(shape) for name, shape in sizes.items()}
+    addresses = {name: v.data_ptr() for name, v in views.items()}
+    plan = CopyPlan.from_views(views)
+    names = list(sizes)
+    r.shuffle(names)
+    sources = [(n, torch.randn(sizes[n], generator=gen).to(r.choice([torch.float32, torch.bfloat16]))) for n in names]
+    plan.apply(iter(sources))
+    for name, src in sources:
+        assert views[name].data_ptr() == addresses[name], f"{seed}: {name} moved"
+        assert torch.equal(views[name], src.to(torch.float32)), (
+            f"{seed}: view {name!r} {tuple(views[name].shape)} does not hold its tensor ({src.dtype}) after "
+            f"apply (see the notebook's section on the commit step)")
+
+
+@COPY
 def test_an_empty_apply_changes_nothing(tmp_path, rng):
     r, seed = rng
     (a,) = checkpoints(tmp_path, r, random_config(r), 1)
