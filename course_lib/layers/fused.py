@@ -138,6 +138,43 @@ if triton is not None:
         tl.store(out_ptr + t * inter + offs, (a.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
 
     @triton.jit
+    def _attend_paged(q, qpos, k_ptr, v_ptr, table_ptr, ctx, hi, kvh, scale, stride_cb, stride_ct, stride_ch,
+                      ROWS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      IEEE: tl.constexpr):
+        """Rows of queries ``q`` [ROWS, D] (row r at position qpos[r]) over one sequence's
+        keys and values in the paged cache (``table_ptr``: its block table row, ``ctx``
+        tokens, the first ``hi`` read), online softmax; each row sees keys at positions
+        <= its own. Returns the attention output [ROWS, D] in float32."""
+        d = tl.arange(0, D)
+        m = tl.full([ROWS], float("-inf"), tl.float32)
+        denom = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, D], tl.float32)
+        n = tl.arange(0, BLOCK_N)
+        for start in range(0, hi, BLOCK_N):
+            tok = start + n
+            live = tok < ctx
+            page = tl.load(table_ptr + tok // PAGE, mask=live, other=0)
+            where = page * stride_cb + (tok % PAGE) * stride_ct + kvh * stride_ch
+            k = tl.load(k_ptr + where[:, None] + d[None, :], mask=live[:, None], other=0.0)
+            v = tl.load(v_ptr + where[:, None] + d[None, :], mask=live[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(live[None, :] & (tok[None, :] <= qpos[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            denom = denom * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                pv = p.to(v.dtype).to(tl.float32)  # rounded to the model's dtype, as the other branch
+                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        return acc / denom[:, None]
+
+    @triton.jit
     def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, out_ptr, scale,
                              stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_tb, stride_ob,
                              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
@@ -149,38 +186,12 @@ if triton is not None:
         q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :],
                     mask=gmask[:, None], other=0.0)
         ctx = tl.load(ctx_ptr + b)
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        denom = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D], tl.float32)
-        n = tl.arange(0, BLOCK_N)
-        for start in range(0, ctx, BLOCK_N):
-            tok = start + n
-            live = tok < ctx
-            page = tl.load(tables_ptr + b * stride_tb + tok // PAGE, mask=live, other=0)
-            where = page * stride_cb + (tok % PAGE) * stride_ct + kvh * stride_ch
-            k = tl.load(k_ptr + where[:, None] + d[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(v_ptr + where[:, None] + d[None, :], mask=live[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(live[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            denom = denom * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = p.to(v.dtype).to(tl.float32)  # rounded to the model's dtype, as the other branch
-                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
-        out = acc / denom[:, None]
+        qpos = tl.zeros([GROUP_PAD], tl.int64) + ctx - 1  # the new token is the last: it sees every key
+        out = _attend_paged(q, qpos, k_ptr, v_ptr, tables_ptr + b * stride_tb, ctx, ctx, kvh, scale,
+                            stride_cb, stride_ct, stride_ch, GROUP_PAD, D, PAGE, BLOCK_N, IEEE)
         tl.store(out_ptr + b * stride_ob + (kvh * GROUP + g)[:, None] * D + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
-
-if triton is not None:
     @triton.jit
     def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, starts_ptr, out_ptr, scale,
                               stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_tb, stride_ot,
@@ -201,33 +212,8 @@ if triton is not None:
         # the prompt are given the last position, so no row sees no key (no 0/0).
         qpos = tl.where(rmask, ctx - qlen + i, ctx - 1)
         hi = tl.minimum(ctx, ctx - qlen + (mblk + 1) * BLOCK_M)  # keys this block's last query sees
-        m = tl.full([BLOCK_M * GROUP], float("-inf"), tl.float32)
-        denom = tl.zeros([BLOCK_M * GROUP], tl.float32)
-        acc = tl.zeros([BLOCK_M * GROUP, D], tl.float32)
-        n = tl.arange(0, BLOCK_N)
-        for start in range(0, hi, BLOCK_N):
-            tok = start + n
-            live = tok < ctx
-            page = tl.load(tables_ptr + seq * stride_tb + tok // PAGE, mask=live, other=0)
-            where = page * stride_cb + (tok % PAGE) * stride_ct + kvh * stride_ch
-            k = tl.load(k_ptr + where[:, None] + d[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(v_ptr + where[:, None] + d[None, :], mask=live[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(live[None, :] & (tok[None, :] <= qpos[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            denom = denom * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = p.to(v.dtype).to(tl.float32)
-                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
-        out = acc / denom[:, None]
+        out = _attend_paged(q, qpos, k_ptr, v_ptr, tables_ptr + seq * stride_tb, ctx, hi, kvh, scale,
+                            stride_cb, stride_ct, stride_ch, BLOCK_M * GROUP, D, PAGE, BLOCK_N, IEEE)
         tl.store(out_ptr + (q0 + i)[:, None] * stride_ot + head[:, None] * D + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
