@@ -22,6 +22,7 @@ string counts as unset. An unusable value raises ``SettingsError`` naming the va
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 DEFAULT_READ_CHUNK_MB = 64
@@ -80,6 +81,21 @@ def pinned_reader() -> bool:
 def copy_plan() -> bool:
     """False when ``COURSE_LIB_COPY_PLAN=0``."""
     return _switch("COURSE_LIB_COPY_PLAN")
+
+
+@contextlib.contextmanager
+def overridden(name: str, value: str):
+    """Set one ``COURSE_LIB_*`` variable inside a ``with`` block, restoring it after (a
+    benchmark comparing a fast path with the general one in the same process)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def fused_kernels() -> str:

@@ -226,7 +226,7 @@ def test_grouper_is_linear():
 
 VARIABLES = ("COURSE_LIB_API_KEY", "COURSE_LIB_READ_THREADS", "COURSE_LIB_READ_CHUNK_MB", "COURSE_LIB_PINNED_READER",
              "COURSE_LIB_COPY_PLAN", "COURSE_LIB_DIRECT_QUANT", "COURSE_LIB_REGISTERED_COPY",
-             "COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "COURSE_LIB_MAX_STORAGE_BYTES")
+             "COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "COURSE_LIB_MAX_STORAGE_BYTES", "COURSE_LIB_FUSED_KERNELS")
 
 
 @pytest.fixture
@@ -244,17 +244,21 @@ def test_settings_defaults(clean_env):
     assert settings.registered_copy() is None
     assert settings.group_connect_timeout_s() == 30.0 == dist.connect_timeout_s()
     assert settings.max_storage_bytes() == 64 << 30
+    assert settings.fused_kernels() == "on"
 
 
 def test_settings_are_read_when_called(clean_env):
     env = {"COURSE_LIB_API_KEY": "k3y", "COURSE_LIB_READ_THREADS": "3", "COURSE_LIB_READ_CHUNK_MB": "2",
            "COURSE_LIB_REGISTERED_COPY": "foreach", "COURSE_LIB_GROUP_CONNECT_TIMEOUT_S": "2.5",
-           "COURSE_LIB_MAX_STORAGE_BYTES": "1000"}
+           "COURSE_LIB_MAX_STORAGE_BYTES": "1000", "COURSE_LIB_FUSED_KERNELS": "interpret"}
     for name, value in env.items():
         clean_env.setenv(name, value)
     assert settings.api_key() == "k3y" and settings.read_threads() == 3 and settings.read_chunk_bytes() == 2 << 20
     assert settings.registered_copy() == "foreach" and settings.max_storage_bytes() == 1000
     assert settings.group_connect_timeout_s() == 2.5 == dist.connect_timeout_s()
+    assert settings.fused_kernels() == "interpret"
+    clean_env.setenv("COURSE_LIB_FUSED_KERNELS", "0")
+    assert settings.fused_kernels() == "off"
     clean_env.setenv("COURSE_LIB_READ_THREADS", "0")  # 0: the default
     assert settings.read_threads() == min(16, os.cpu_count() or 1)
 
@@ -282,12 +286,14 @@ def test_empty_means_unset(clean_env):
     ("COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "soon", "is not a number"),
     ("COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "0", "above 0"), ("COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "nan", "at least"),
     ("COURSE_LIB_MAX_STORAGE_BYTES", "64e9", "is not an integer"), ("COURSE_LIB_MAX_STORAGE_BYTES", "-5", "at least 0"),
+    ("COURSE_LIB_FUSED_KERNELS", "yes", "use 0, 1 or interpret"),
 ])
 def test_unusable_values_are_refused_naming_the_variable(clean_env, name, value, words):
     clean_env.setenv(name, value)
     function = {"COURSE_LIB_READ_THREADS": settings.read_threads, "COURSE_LIB_READ_CHUNK_MB": settings.read_chunk_bytes,
                 "COURSE_LIB_GROUP_CONNECT_TIMEOUT_S": settings.group_connect_timeout_s,
-                "COURSE_LIB_MAX_STORAGE_BYTES": settings.max_storage_bytes}[name]
+                "COURSE_LIB_MAX_STORAGE_BYTES": settings.max_storage_bytes,
+                "COURSE_LIB_FUSED_KERNELS": settings.fused_kernels}[name]
     with pytest.raises(settings.SettingsError, match=re.escape(name)) as err:
         function()
     assert words in str(err.value) and isinstance(err.value, ValueError)

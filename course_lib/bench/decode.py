@@ -13,14 +13,13 @@ copy of 1 GiB reaches in the same run (bytes read plus bytes written per second)
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 
 import torch
 from tqdm import tqdm
 
-from course_lib import Engine
+from course_lib import Engine, settings
 from course_lib.bench import run_header, save_json
 from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import make_random
@@ -117,10 +116,7 @@ def main(argv=None) -> dict:
         gen_device = args.device if is_cuda(args.device) else "cpu"
         path = make_random(f"{tmp}/ckpt", args.preset, seed=0, device=gen_device)
         for name, graphs, fused_kernels in tqdm(modes, desc="engines"):
-            before = os.environ.get("COURSE_LIB_FUSED_KERNELS")
-            if not fused_kernels:
-                os.environ["COURSE_LIB_FUSED_KERNELS"] = "0"
-            try:
+            with settings.overridden("COURSE_LIB_FUSED_KERNELS", "1" if fused_kernels else "0"):
                 engine = Engine(path, device=args.device, enable_cuda_graph=graphs,
                                 max_num_seqs=max(args.batch), max_model_len=args.max_model_len)
                 for b in args.batch:
@@ -128,11 +124,6 @@ def main(argv=None) -> dict:
                                  "startup_s": engine.timings["startup_s"]})
                 if args.profile and name == "eager" and is_cuda(args.device):
                     print(profile_decode(engine, args.batch[0]))
-            finally:
-                if before is None:
-                    os.environ.pop("COURSE_LIB_FUSED_KERNELS", None)
-                else:
-                    os.environ["COURSE_LIB_FUSED_KERNELS"] = before
             if is_cuda(args.device) and not extra:
                 extra["weight_bytes"] = weight_bytes(engine)
             del engine
