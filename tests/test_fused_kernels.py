@@ -253,3 +253,20 @@ def test_the_switch_turns_the_kernels_off(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_FUSED_KERNELS", "maybe")
     with pytest.raises(ValueError, match="COURSE_LIB_FUSED_KERNELS"):
         fused.settings.fused_kernels()
+
+
+def test_padded_prefill_generates_what_an_unpadded_one_does(make_ckpt):
+    """The padding short prefills get on a GPU (for their CUDA graphs), forced here on the
+    CPU's torch layers: extra tokens write into the scratch block and belong to no
+    sequence, extra sequences have no tokens; the real sequences' tokens are unchanged."""
+    ckpt = make_ckpt("small", seed=6)
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = ["padded prefill", "x" * 40, "y" * 17, "z"]
+    plain = Engine(ckpt, max_num_seqs=4)
+    padded = Engine(ckpt, max_num_seqs=4)
+    assert plain.model_runner.prefill_token_sizes == []  # a CPU runs prefills unpadded
+    padded.model_runner.prefill_token_sizes = [16, 32, 64, 128]
+    seqs_shape = padded.model_runner.prefill_shape(70, 3)
+    assert seqs_shape == (128, 4) and padded.model_runner.prefill_shape(200, 1) is None
+    assert ([o["output_ids"] for o in padded.generate(prompts, params)]
+            == [o["output_ids"] for o in plain.generate(prompts, params)])

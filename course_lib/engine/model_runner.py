@@ -1,5 +1,9 @@
 """Runs the model on a scheduled batch: builds the inputs, owns the KV pool, and on GPU
-replays CUDA graphs captured for decode batch buckets (1, 2, 4, 8, 16, ...).
+replays CUDA graphs captured for decode batch buckets (1, 2, 4, 8, 16, ...) and, where
+the fused kernels serve attention (``layers/fused.py``: every input of a prefill is then
+a tensor), for short prefills (up to ``PREFILL_GRAPH_TOKENS[-1]`` new tokens of at most
+``PREFILL_GRAPH_SEQS`` sequences): a first token no longer waits for hundreds of kernel
+launches from Python.
 
 A captured graph reads the *addresses* its kernels saw at capture: the weights, the KV
 pool and the static input buffers below. Replay only refills the input buffers. That is
@@ -13,6 +17,10 @@ from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.sequence import Sequence
 from course_lib.layers.attention import Attention, AttentionMetadata
 from course_lib.layers.sampler import sample_batch
+
+
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)  # a prefill's new tokens are padded to one of these
+PREFILL_GRAPH_SEQS = 32                              # ... and its sequences to this many (or max_num_seqs)
 
 
 def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -45,6 +53,13 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_batch_sizes: list[int] = []
         self.graph_for: dict[int, int] = {}
+        # Short prefills are padded (and on a GPU with graphs, replayed) where every layer's
+        # attention runs the fused kernels on one rank; eager runs pad the same way, so both
+        # use the same kernels on the same shapes (bitwise equal).
+        self.prefill_rows = min(config.max_num_seqs, PREFILL_GRAPH_SEQS)
+        self.prefill_token_sizes = [t for t in PREFILL_GRAPH_TOKENS if t <= config.max_num_batched_tokens] \
+            if config.is_cuda and getattr(model, "tp_size", 1) == 1 and a.fused_fits(self.kv_cache) else []
+        self.prefill_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         if config.enable_cuda_graph:
             self.capture_cudagraphs()
 
@@ -69,7 +84,18 @@ class ModelRunner:
             table[i][:len(seq.block_table)] = seq.block_table
         return table
 
-    def prepare_prefill(self, seqs: list[Sequence]):
+    def prefill_shape(self, num_tokens: int, num_seqs: int) -> tuple[int, int] | None:
+        """(tokens, sequences) a prefill is padded to, or None where it runs unpadded (on a
+        CPU, without the fused kernels, or too large for the captured sizes)."""
+        if num_seqs > self.prefill_rows:
+            return None
+        return next(((t, self.prefill_rows) for t in self.prefill_token_sizes if t >= num_tokens), None)
+
+    def prepare_prefill(self, seqs: list[Sequence], pad: bool = True):
+        """(input ids, positions, metadata, index of each sequence's last token). With
+        ``pad``, a short prefill on a GPU is padded to ``prefill_shape``: extra tokens
+        write their K/V into the scratch block and belong to no sequence; extra sequences
+        have no tokens (their rows of the last-token index point at token 0)."""
         input_ids, positions, slots, query_lens, ctx_lens = [], [], [], [], []
         for seq in seqs:
             start = seq.num_cached_tokens
@@ -78,16 +104,25 @@ class ModelRunner:
             slots += [self._slot(seq, p) for p in range(start, seq.num_tokens)]
             query_lens.append(seq.num_tokens - start)
             ctx_lens.append(seq.num_tokens)
-        width = max(len(s.block_table) for s in seqs)
-        table = [b for row in self._block_tables(seqs, width, len(seqs)) for b in row]
+        width, rows = max(len(s.block_table) for s in seqs), len(seqs)
+        shape = self.prefill_shape(len(input_ids), len(seqs)) if pad else None
+        if shape is not None:
+            tokens, rows = shape
+            extra = tokens - len(input_ids)
+            input_ids, positions = input_ids + [0] * extra, list(positions) + [0] * extra
+            slots = slots + [self.scratch_block * self.block_size] * extra
+            width = self.max_blocks_per_seq
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
-        ids, pos, slot_t, ctx_t, table_t, starts_t = self._int_tensors(input_ids, positions, slots, ctx_lens,
-                                                                       table, starts)
-        meta = AttentionMetadata(True, slot_t, ctx_t, table_t.view(len(seqs), width), query_lens, ctx_lens,
-                                 starts_t)
-        return ids, pos, meta
+        last = [b - 1 for b in starts[1:]] + [0] * (rows - len(seqs))
+        starts += [starts[-1]] * (rows - len(seqs))
+        ctx = ctx_lens + [0] * (rows - len(seqs))
+        table = [b for row in self._block_tables(seqs, width, rows) for b in row]
+        ids, pos, slot_t, ctx_t, table_t, starts_t, last_t = self._int_tensors(input_ids, positions, slots, ctx,
+                                                                               table, starts, last)
+        meta = AttentionMetadata(True, slot_t, ctx_t, table_t.view(rows, width), query_lens, ctx_lens, starts_t)
+        return ids, pos, meta, last_t
 
     def decode_shape(self, batch: int) -> tuple[int, int]:
         """(rows, block-table width) a decode batch is padded to. On GPU eager decode pads
@@ -115,9 +150,11 @@ class ModelRunner:
     def forward_logits(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
         """Logits [len(seqs), vocab] at each sequence's last token."""
         if is_prefill:
-            input_ids, positions, meta = self.prepare_prefill(seqs)
+            input_ids, positions, meta, last = self.prepare_prefill(seqs)
+            if input_ids.shape[0] in self.prefill_graphs and meta.block_tables.shape[0] == self.prefill_rows:
+                return self._replay_prefill(input_ids, positions, meta, last)[: len(seqs)]
             hidden = self.model(input_ids, positions, meta)
-            return self.model.compute_logits(hidden[meta.query_starts[1:] - 1])  # each sequence's last token
+            return self.model.compute_logits(hidden[last])[: len(seqs)]  # each sequence's last token
         input_ids, positions, meta = self.prepare_decode(seqs)
         if len(seqs) in self.graph_for:
             return self._replay(len(seqs), input_ids, positions, meta)
@@ -129,7 +166,7 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_all_logits(self, seq: Sequence) -> torch.Tensor:
         """Logits at every position of a sequence whose blocks are allocated (no cache hits)."""
-        input_ids, positions, meta = self.prepare_prefill([seq])
+        input_ids, positions, meta, _ = self.prepare_prefill([seq], pad=False)
         return self.model.compute_logits(self.model(input_ids, positions, meta))
 
     # ---- CUDA graphs -------------------------------------------------------------------
@@ -163,6 +200,32 @@ class ModelRunner:
         self.graph_batch_sizes = sizes
         # batch size -> the captured bucket that serves it
         self.graph_for = {b: next(s for s in sizes if s >= b) for b in range(1, max(sizes) + 1)}
+        for tokens in reversed(self.prefill_token_sizes):
+            self._capture_prefill(tokens, pool)
+
+    def _capture_prefill(self, tokens: int, pool) -> None:
+        """A graph for prefills padded to ``tokens`` new tokens and ``prefill_rows``
+        sequences; its inputs live in one flat buffer (one copy refills them)."""
+        rows, width = self.prefill_rows, self.max_blocks_per_seq
+        sizes = [tokens, tokens, tokens, rows, rows * width, rows + 1, rows]
+        flat = torch.zeros(sum(sizes), dtype=torch.int64, device=self.device)
+        ids, pos, slots, ctx, table, starts, last = flat.split(sizes)
+        slots.fill_(self.scratch_block * self.block_size)
+        table.fill_(self.scratch_block)
+        meta = AttentionMetadata(True, slots, ctx, table.view(rows, width), [tokens], None, starts)
+        self.model.compute_logits(self.model(ids, pos, meta)[last])  # warm-up
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool):
+            out = self.model.compute_logits(self.model(ids, pos, meta)[last])
+        self.prefill_graphs[tokens] = (graph, flat, out)
+
+    def _replay_prefill(self, input_ids, positions, meta, last) -> torch.Tensor:
+        graph, flat, out = self.prefill_graphs[input_ids.shape[0]]
+        flat.copy_(torch.cat([input_ids, positions, meta.slot_mapping, meta.context_lens,
+                              meta.block_tables.reshape(-1), meta.query_starts, last]))
+        graph.replay()
+        return out
 
     def _replay(self, batch: int, input_ids, positions, meta) -> torch.Tensor:
         bs = self.graph_for[batch]

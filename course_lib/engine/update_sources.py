@@ -141,25 +141,36 @@ def write_tensors(updater: "Updater", named_tensors, allow_pending: bool, timer:
     model, config = updater.model, updater.config
     if (config.quantization is not None and updater.commit is weights_update.copy_in_place
             and direct_quant.apply(model, named_tensors, config.device, allow_pending)):
-        if config.is_cuda:
-            torch.cuda.synchronize()
-        timer.lap("copy")
         # The direct path wrote the quantized layers through views of the qweight and
         # weight_scale they hold now (it never rebinds); the rest went through the loaders.
-        return Applied(written_parameters(model, named_tensors))
+        return audit_while_copying(updater, written_parameters(model, named_tensors), timer)
     if config.quantization is not None:
         # A quantizer refuses NaN and inf, but only once it reaches that layer, after
         # earlier layers (and the norms) were written: refuse them before any write.
         check_finite([(n, t) for n, t in named_tensors if requantized(model, n)])
     updater.commit(model, named_tensors, config.device)
+    if config.quantization is None:  # checkpoint format is kernel format
+        return audit_while_copying(updater, written_parameters(model, named_tensors), timer)
     if config.is_cuda:
         torch.cuda.synchronize()
     timer.lap("copy")
-    if config.quantization is None:
-        return Applied(written_parameters(model, named_tensors))  # checkpoint format is kernel format
     process_weights_after_loading(model, allow_pending=allow_pending)
     timer.lap("post_process")
     return Applied(AUDIT_ALL)
+
+
+def audit_while_copying(updater: "Updater", audit: Audit, timer: PhaseTimer) -> Applied:
+    """The address audit of what the commit step just wrote, while the GPU still copies:
+    the audit reads addresses on the host (a rebinding happens there, when the commit
+    step runs), so it need not wait for the copies, which it overlaps. Then wait for
+    them. Returns the audit as done (the caller audits nothing more)."""
+    timer.lap("copy")  # the launches (on a CPU, the copies themselves)
+    updater.verify_addresses(audit)
+    timer.lap("audit")
+    if updater.config.is_cuda:
+        torch.cuda.synchronize()
+    timer.lap("copy")
+    return Applied(AUDIT_NONE)
 
 
 def write_layerwise(updater: "Updater", reader, names, use_snapshot: bool, timer: PhaseTimer) -> Applied:

@@ -47,10 +47,14 @@ from course_lib.weights.update import UpdateError, copy_in_place
 
 
 def audited_extras(model_runner) -> dict:
-    """Tensors kernels read besides the model's: the KV pool and the graphs' output buffers."""
+    """Tensors kernels read besides the model's: the KV pool, the graphs' output buffers and
+    the prefill graphs' input buffers."""
     extras = {"kv_cache": model_runner.kv_cache}
     for bs, out in getattr(model_runner, "graph_outputs", {}).items():
         extras[f"cuda_graph_logits[{bs}]"] = out
+    for tokens, (_, inputs, out) in getattr(model_runner, "prefill_graphs", {}).items():
+        extras[f"prefill_graph_inputs[{tokens}]"] = inputs
+        extras[f"prefill_graph_logits[{tokens}]"] = out
     return extras
 
 
