@@ -19,6 +19,7 @@ and exits 0, writing nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -56,18 +57,26 @@ def prefill(engine: Engine, prompts):
     return seqs
 
 
+@contextlib.contextmanager
+def graphs_off(runner, off: bool = True):
+    """Within the block the runner replays no graph (decode or prefill): the same padded
+    inputs run through the eager kernels, which read the weights' memory as it is now."""
+    saved = runner.graph_for, runner.prefill_graphs
+    if off:
+        runner.graph_for, runner.prefill_graphs = {}, {}
+    try:
+        yield
+    finally:
+        runner.graph_for, runner.prefill_graphs = saved
+
+
 def decode_logits(engine: Engine, prompts, eager: bool = False) -> torch.Tensor:
     """Logits of the first decode step after prefilling ``prompts`` (graph replay unless
-    ``eager``); the requests are aborted afterwards so the engine is left idle."""
-    seqs = prefill(engine, prompts)
-    runner = engine.model_runner
-    saved = runner.graph_for
-    if eager:
-        runner.graph_for = {}  # the same padded inputs, run through the eager kernels
-    try:
-        logits = runner.forward_logits(seqs, False).float().clone()
-    finally:
-        runner.graph_for = saved
+    ``eager``, the prefill included); the requests are aborted afterwards so the engine
+    is left idle."""
+    with graphs_off(engine.model_runner, eager):
+        seqs = prefill(engine, prompts)
+        logits = engine.model_runner.forward_logits(seqs, False).float().clone()
     for seq in seqs:
         engine.scheduler.finish(seq, {"type": "abort", "message": "benchmark"})
         engine.requests.pop(seq.rid, None)
@@ -92,19 +101,14 @@ def time_step(engine: Engine, eager: bool, steps: int) -> float:
     """Median ms of one decode step for len(PROMPTS) requests."""
     seqs = prefill(engine, PROMPTS)
     runner = engine.model_runner
-    saved = runner.graph_for
-    if eager:
-        runner.graph_for = {}
     times = []
-    try:
+    with graphs_off(runner, eager):
         for _ in range(steps + 3):
             sync(engine.config.device)
             t0 = time.perf_counter()
             runner.forward_logits(seqs, False)
             sync(engine.config.device)
             times.append(time.perf_counter() - t0)
-    finally:
-        runner.graph_for = saved
     for seq in seqs:
         engine.scheduler.finish(seq, {"type": "abort", "message": "benchmark"})
         engine.requests.pop(seq.rid, None)
