@@ -13,9 +13,8 @@ first dimension) or "offset" (a contiguous view starting inside a larger storage
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
-import time
+from datetime import timedelta
 
 import torch
 
@@ -326,24 +325,6 @@ def _bad_request(kind: str, names, dtypes, shapes):
     return names, dtypes, shapes
 
 
-def _wait_for_listener(port: int, limit_s: float = 5.0) -> None:
-    """Until a socket listens on ``port`` (read from /proc/net, so the port itself is never
-    touched: a probe that bound it could take it from the store), at most ``limit_s``."""
-    tables = [t for t in ("/proc/net/tcp", "/proc/net/tcp6") if os.path.exists(t)]
-    if not tables:
-        time.sleep(0.05)
-        return
-    suffix, deadline = f":{port:04X}", time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        for table in tables:
-            with open(table) as f:
-                for line in f.read().splitlines()[1:]:
-                    fields = line.split()
-                    if len(fields) > 3 and fields[1].endswith(suffix) and fields[3] == "0A":  # LISTEN
-                        return
-        time.sleep(0.002)
-
-
 def receive_trace(seed: int, ops: list) -> list:
     """``dist.receive_bucket`` on rank 1 of a real 2-process-style gloo group (rank 0 is a
     thread here that broadcasts byte buckets it packs by the rules, written out here):
@@ -367,11 +348,21 @@ def receive_trace(seed: int, ops: list) -> list:
             pairs = [(f"b{i}.t{j}.{d}", make_tensor(gen, d, shape, view)) for j, (d, shape, view) in enumerate(op[1])]
             plan.append(pairs)
             sends.append(_bucket_bytes(pairs, gen))
-    port, errors = dist.free_port(), []
+    errors = []
+    # Rank 0's store listens before anyone connects, on a port the system picks (0): no
+    # free port is chosen first and bound later, so no other process can take it between.
+    master = None
+    if sends:  # a group only for real buckets (bad announcements must never reach one)
+        master = torch.distributed.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                                            timeout=timedelta(seconds=20))
 
     def rank0():
         try:
-            group, _ = dist.new_group("127.0.0.1", port, 0, 2, "differential", "gloo", timeout_s=20)
+            opts = torch.distributed.ProcessGroupGloo._Options()
+            opts._timeout = timedelta(seconds=20)
+            opts._devices = [torch.distributed.ProcessGroupGloo.create_default_device()]
+            group = torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore("differential", master),
+                                                       0, 2, opts)
             for buf in sends:
                 dist.broadcast_async(group, buf).wait()
         except Exception as exc:  # noqa: BLE001 - reported in the trace
@@ -379,10 +370,9 @@ def receive_trace(seed: int, ops: list) -> list:
 
     thread = threading.Thread(target=rank0, daemon=True)
     group = None
-    if sends:  # a group only for real buckets (bad announcements must never reach one)
+    if sends:
         thread.start()
-        _wait_for_listener(port)  # rank 1 connecting before rank 0's store listens would wait out a retry
-        group, _ = dist.new_group("127.0.0.1", port, 1, 2, "differential", "gloo", timeout_s=20)
+        group, _ = dist.new_group("127.0.0.1", master.port, 1, 2, "differential", "gloo", timeout_s=20)
     trace, earlier, k = [], [], 0
     for i, op in enumerate(ops):
         entry = {}
