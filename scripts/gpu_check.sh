@@ -9,7 +9,7 @@
 #                                      (each "large" call stays under ten minutes)
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
-#   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s at ~1.7B (FastAPI wheels: scripts/server_wheels.sh)
+#   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s for 5 min at ~1.7B, 512 MB buckets (FastAPI wheels: scripts/server_wheels.sh)
 #   bash scripts/gpu_check.sh serving  every CUDA test, ~8B decode (profiled), first token and
 #                                      hot update (hot-vs-cold), in-process updates
 #   bash scripts/gpu_check.sh mutate   judge.py mutate on every chapter (3 per region;
@@ -88,7 +88,7 @@ if [ "${1:-}" = "serve-load" ]; then
     # and uvicorn: run bash scripts/server_wheels.sh on a machine with an index, then here
     # python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
     python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --update-every-s 2 \
-        --duration-s 240 --json "$out/serve_load_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_load_qwen3-1.7b.log" || status=1
+        --duration-s "${DURATION_S:-300}" --bucket-mb "${BUCKET_MB:-512}" --json "$out/serve_load_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_load_qwen3-1.7b.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "serving" ]; then

@@ -4,9 +4,10 @@ Each race case (a wrong answer that forgets a synchronization, and the reference
 ``--repeat`` times through ``judge.py test`` with ``-k`` picking only that case, one run
 after another; the races run side by side. A wrong answer must fail every run and the
 reference pass every run. Runs not started before ``--budget-s`` are reported as not run
-(never as passes).
+(never as passes). ``--parallel P`` grades P runs of each race at once (a busier GPU: a
+missing synchronization shows more, and the reference must still pass).
 
-    python scripts/race_repeat.py --repeat 20 --budget-s 420
+    python scripts/race_repeat.py --repeat 20 --budget-s 420 [--only bucket-handoff --parallel 4]
 """
 from __future__ import annotations
 
@@ -52,23 +53,25 @@ def grade(slug: str, exercise: str | None, selector: str, *, root: Path | None =
     return ran[0]["outcome"]
 
 
-def repeat(label, slug, exercise, selector, wrong, n, deadline):
+def repeat(label, slug, exercise, selector, wrong, n, deadline, parallel=1):
     repo = PRACTICE.parent
     roots = {}
     if exercise:
         roots = {"reference": repo, "wrong": variant_root(repo, exercise, wrong.read_text(encoding="utf-8"))}
     tally = {"reference": [], "wrong": []}
-    try:
-        for _ in range(n):
-            for who in ("wrong", "reference"):
-                if time.monotonic() > deadline:
-                    tally[who].append("not run")
-                    continue
-                if exercise:
-                    tally[who].append(grade(slug, exercise, selector, root=roots[who]))
-                else:
-                    file = wrong if who == "wrong" else PRACTICE / "problems" / slug / "solution.py"
-                    tally[who].append(grade(slug, None, selector, file=file))
+
+    def one(who):
+        if time.monotonic() > deadline:
+            return who, "not run"
+        if exercise:
+            return who, grade(slug, exercise, selector, root=roots[who])
+        file = wrong if who == "wrong" else PRACTICE / "problems" / slug / "solution.py"
+        return who, grade(slug, None, selector, file=file)
+
+    try:  # wrong and reference alternate; ``parallel`` gradings of this race at a time
+        with ThreadPoolExecutor(parallel) as pool:
+            for who, outcome in pool.map(one, [who for _ in range(n) for who in ("wrong", "reference")]):
+                tally[who].append(outcome)
     finally:
         if exercise:
             shutil.rmtree(roots["wrong"], ignore_errors=True)
@@ -80,12 +83,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=420)
     ap.add_argument("--only", nargs="*", help="labels of the races to run (default: all)")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="gradings of one race run at a time (each its own process; default 1: one after another)")
     args = ap.parse_args()
     races = [r for r in RACES if not args.only or r[0] in args.only]
     deadline = time.monotonic() + args.budget_s
     ok = True
     with ThreadPoolExecutor(len(races)) as pool:
-        for label, wrong, tally in pool.map(lambda r: repeat(*r, args.repeat, deadline), races):
+        for label, wrong, tally in pool.map(lambda r: repeat(*r, args.repeat, deadline, args.parallel), races):
             for who, want in (("wrong", "fail"), ("reference", "pass")):
                 runs = tally[who]
                 held = sum(o == want for o in runs)

@@ -58,6 +58,26 @@ def test_stall_is_the_longest_merged_gap_overlapping_the_window():
     assert m.percentile([1, 2, 3, 4], 50) == 2.5 and m.percentile([], 50) is None
 
 
+def test_a_stall_splits_into_before_inside_and_after_its_window():
+    times = [0.0, 0.1, 0.2, 1.5, 1.6, 3.0, 3.1]
+    parts = m.stall_parts(times, 1.0, 1.2)  # the gap 0.2 -> 1.5
+    assert parts == pytest.approx({"before_s": 0.8, "inside_s": 0.2, "after_s": 0.3})
+    assert m.stall_parts(times, 0.15, 1.55) == pytest.approx({"before_s": 0.0, "inside_s": 1.3, "after_s": 0.0})
+    assert sum(m.stall_parts(times, 1.55, 2.0).values()) == pytest.approx(m.stall(times, 1.55, 2.0))
+    assert m.stall_parts(times, 3.2, 4.0) is None
+
+
+def test_the_stall_goal_is_the_p99_of_stall_over_own_time_per_transport():
+    def upd(transport, own, stall):
+        return {"transport": transport, "own_ms": own, "stall_ms": stall, "stall_over_own": stall / own,
+                **{k: 1.0 for k in ("stall_before_ms", "pause_ms", "flush_ms", "update_wall_ms", "continue_ms",
+                                    "stall_after_ms")}}
+    goal = serve_load.stall_goal([upd("disk", 100, 150)] * 3 + [upd("registered", 10, 50)])
+    assert goal["disk"]["p99_stall_over_own"] == pytest.approx(1.5) and goal["disk"]["updates"] == 3
+    assert goal["registered"]["p99_stall_over_own"] == pytest.approx(5.0)
+    assert goal["all"]["p99_stall_over_own"] > 4.8 and goal["all"]["median_own_ms"] == 100
+
+
 def test_throughput_counts_completed_tokens_that_arrived_within_the_phase():
     done = record(0.0, [("default", 10)])             # events at 0.01 .. 0.10
     aborted = record(0.0, [("default", 10)], rid="a")
@@ -78,5 +98,9 @@ def test_a_few_seconds_of_load_through_updates_hold(capsys):
     assert [u["transport"] for u in res["updates"]] == list(TRANSPORTS)
     assert [u["mode"] for u in res["updates"]] == ["abort", "wait", "keep"]
     assert all(u["error"] is None and u["own_ms"] > 0 and u["messages"] >= 1 for u in res["updates"])
+    for u in res["updates"]:  # the window's parts, as the trainer timed them, add up to the whole
+        parts = [u[k] for k in ("pause_ms", "flush_ms", "update_wall_ms", "continue_ms")]
+        assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(u["total_ms"], rel=1e-6)
+    assert res["stall_goal"]["all"]["updates"] == 3
     assert res["with_updates"]["completed"] > 0 and res["baseline"]["completed"] > 0
     assert res["throughput_ratio"] > 0

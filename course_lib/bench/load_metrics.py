@@ -30,7 +30,8 @@ Stall of an update: the longest gap between two consecutive token arrivals, over
 clients merged into one timeline, that overlaps the update's window (from the trainer
 sending the pause to it receiving the continue reply). It is what the busiest observer
 sees: no client received any token for that long. None when no token arrived after the
-window (nothing left to stall).
+window (nothing left to stall). ``stall_parts`` splits it into the time before the
+window, inside it and after it, so a report can say what a stall is made of.
 """
 from __future__ import annotations
 
@@ -102,11 +103,33 @@ def arrivals(records) -> list[float]:
 def stall(times: list[float], start: float, end: float) -> float | None:
     """The longest gap between consecutive ``times`` (sorted) that overlaps [start, end];
     None when no time falls after ``end`` or none before ``start``."""
+    gap = longest_gap(times, start, end)
+    return None if gap is None else gap[1] - gap[0]
+
+
+def longest_gap(times: list[float], start: float, end: float) -> tuple[float, float] | None:
+    """``stall``'s gap itself, as (last arrival before it, first arrival after it)."""
     i = bisect.bisect_left(times, start)  # times[i - 1] < start <= times[i]
     j = bisect.bisect_right(times, end)   # times[j - 1] <= end < times[j]
     if i == 0 or j >= len(times):
         return None
-    return max(times[k + 1] - times[k] for k in range(i - 1, j))
+    k = max(range(i - 1, j), key=lambda k: times[k + 1] - times[k])
+    return times[k], times[k + 1]
+
+
+def stall_parts(times: list[float], start: float, end: float) -> dict | None:
+    """Where an update's stall lies against its window [start, end] (the pause sent, the
+    continue replied): ``before_s``, how long before the pause was sent the last token
+    came (the step in flight, or a quiet moment); ``inside_s``, the part of the window
+    the gap covers; ``after_s``, how long after the continue reply the first token came
+    (the first step on the new weights, a retried request's prefill). They add up to the
+    stall. None where ``stall`` is None."""
+    gap = longest_gap(times, start, end)
+    if gap is None:
+        return None
+    a, b = gap
+    before, after = max(0.0, start - a), max(0.0, b - end)
+    return {"before_s": before, "inside_s": (b - a) - before - after, "after_s": after}
 
 
 def throughput(records, start: float, deadline: float) -> float:

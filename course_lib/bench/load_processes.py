@@ -139,6 +139,7 @@ def one_update(client, k: int, ckpts, weights, senders) -> dict:
     rec["t_pause_sent"] = time.monotonic()
     try:
         rec["num_aborted_requests"] = client.pause_generation(mode)["num_aborted_requests"]
+        rec["t_paused"] = time.monotonic()
         rec["flush_tries"] = client.flush_until_done(interval_s=0.01, tries=6000)  # wait mode: until drained
         rec["t_update_start"] = time.monotonic()
         for reply in send_update(client, transport, rec["version"], ckpts[target], weights[target], senders):

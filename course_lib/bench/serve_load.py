@@ -20,7 +20,9 @@ continue replied) and its stall; stale tokens; hot == cold at the end (the serve
 outputs for fixed prompts, whole and streamed, equal those of a cold engine started on
 the last checkpoint applied, and the served version is the last update's). Stall and
 stale tokens are defined in ``load_metrics.py``. Ratios against the baseline of the same
-run: throughput with updates / without, and each update's stall / its own time.
+run: throughput with updates / without, and each update's stall / its own time, with the
+p99 of that ratio (the serving goal: at most 2) and the medians of the stall's parts per
+transport (``stall_goal``).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tqdm import tqdm
 
 from course_lib.bench import run_header, save_json
 from course_lib.bench.load_clients import run_phase
-from course_lib.bench.load_metrics import arrivals, count_stale, latencies, percentile, stall, throughput
+from course_lib.bench.load_metrics import arrivals, count_stale, latencies, percentile, stall_parts, throughput
 from course_lib.bench.load_processes import ServerProcess, TrainerProcess
 from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import make_random
@@ -114,11 +116,37 @@ def update_summary(u: dict, times: list[float]) -> dict:
     out = {k: u.get(k) for k in ("update", "transport", "mode", "version", "messages", "num_aborted_requests",
                                  "flush_tries", "error")}
     out["own_ms"] = u["own_ms"]
-    out["update_wall_ms"] = 1e3 * (u["t_update_end"] - u["t_update_start"]) if "t_update_end" in u else None
-    out["total_ms"] = 1e3 * (u["t_done"] - u["t_pause_sent"]) if u["t_done"] else None
-    s = stall(times, u["t_pause_sent"], u["t_done"]) if u["t_done"] else None
-    out["stall_ms"] = None if s is None else 1e3 * s
-    out["stall_over_own"] = out["stall_ms"] / u["own_ms"] if s is not None and u["own_ms"] > 0 else None
+
+    def span_ms(a: str, b: str):
+        return 1e3 * (u[b] - u[a]) if u.get(a) is not None and u.get(b) is not None else None
+
+    # The window's parts, as the trainer saw them: the pause call, the flushes (wait mode
+    # drains here), the update's messages, the continue call.
+    out["pause_ms"], out["flush_ms"] = span_ms("t_pause_sent", "t_paused"), span_ms("t_paused", "t_update_start")
+    out["update_wall_ms"], out["continue_ms"] = span_ms("t_update_start", "t_update_end"), span_ms("t_update_end", "t_done")
+    out["total_ms"] = span_ms("t_pause_sent", "t_done")
+    parts = stall_parts(times, u["t_pause_sent"], u["t_done"]) if u["t_done"] else None
+    out["stall_ms"] = None if parts is None else 1e3 * sum(parts.values())
+    out["stall_before_ms"] = None if parts is None else 1e3 * parts["before_s"]
+    out["stall_after_ms"] = None if parts is None else 1e3 * parts["after_s"]
+    out["stall_over_own"] = out["stall_ms"] / u["own_ms"] if parts is not None and u["own_ms"] > 0 else None
+    return out
+
+
+def stall_goal(updates: list[dict]) -> dict:
+    """The serving goal's figure (the p99 over updates of stall / the update's own time,
+    goal <= 2) overall and per transport, with the medians of the stall's parts: where a
+    stall goes when the figure is over the goal."""
+    def summary(us):
+        def med(key):
+            return percentile([u[key] for u in us if u[key] is not None], 50)
+        return {"updates": len(us), "p99_stall_over_own": percentile([u["stall_over_own"] for u in us
+                                                                      if u["stall_over_own"] is not None], 99),
+                **{f"median_{k}": med(k) for k in ("own_ms", "stall_ms", "stall_before_ms", "pause_ms", "flush_ms",
+                                                   "update_wall_ms", "continue_ms", "stall_after_ms")}}
+    out = {"all": summary(updates)}
+    for t in dict.fromkeys(u["transport"] for u in updates):
+        out[t] = summary([u for u in updates if u["transport"] == t])
     return out
 
 
@@ -192,6 +220,7 @@ def summarize(res: dict, base, loaded, trainer: TrainerProcess, hot: dict, cold:
     res["with_updates"] = phase_summary(*loaded)
     times = arrivals(loaded[0])
     res["updates"] = [update_summary(u, times) for u in trainer.updates]
+    res["stall_goal"] = stall_goal(res["updates"])
     res["trainer_failure"] = trainer.failure
     stale = count_stale(base[0] + loaded[0], trainer.updates, INITIAL_VERSION)
     res["stale_tokens"], res["tokens_checked"] = stale["stale"], stale["checked"]
@@ -229,6 +258,16 @@ def report(res: dict) -> None:
         whole = "-" if u["total_ms"] is None else f"{u['total_ms']:.1f}"
         print(f"{u['update']:>6} {u['transport']:<11}{u['mode']:<9}{u['messages']:>5}{u['own_ms']:9.1f}{whole:>10}"
               f"{stall_ms:>10}{ratio:>10}{u['num_aborted_requests'] or 0:>8}  {u['error'] or ''}")
+    print("stall per update (p99 of stall / own, goal <= 2) and the medians of its parts (ms): the last token "
+          "before the pause, the pause, flush, update and continue calls, the first token after")
+    print(f"{'updates':<12}{'n':>4}{'p99 s/own':>10}{'own':>8}{'stall':>8}{'before':>8}{'pause':>8}{'flush':>8}"
+          f"{'update':>8}{'cont.':>8}{'after':>8}")
+    for name, g in res["stall_goal"].items():
+        def f(x, fmt="8.1f"):
+            return f"{'-':>8}" if x is None else format(x, fmt)
+        print(f"{name:<12}{g['updates']:>4}{f(g['p99_stall_over_own'], '10.1f')}" + "".join(
+            f(g[f"median_{k}"]) for k in ("own_ms", "stall_ms", "stall_before_ms", "pause_ms", "flush_ms",
+                                          "update_wall_ms", "continue_ms", "stall_after_ms")))
     ratio = res["throughput_ratio"]
     print(f"throughput with updates / without: {'-' if ratio is None else f'{ratio:.2f}'}")
     print(f"errors {res['errors']}, stale tokens {res['stale_tokens']} of {res['tokens_checked']}, "
