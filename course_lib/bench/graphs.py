@@ -74,6 +74,10 @@ def decode_logits(engine: Engine, prompts, eager: bool = False) -> torch.Tensor:
     """Logits of the first decode step after prefilling ``prompts`` (graph replay unless
     ``eager``, the prefill included); the requests are aborted afterwards so the engine
     is left idle."""
+    # The prefill must compute its KV cache from the weights as they are read now, not find
+    # an earlier run's blocks in the prefix cache (a graph-replayed prefill on rebound
+    # weights leaves the old weights' KV there, which an eager run would then read).
+    engine.flush_cache()
     with graphs_off(engine.model_runner, eager):
         seqs = prefill(engine, prompts)
         logits = engine.model_runner.forward_logits(seqs, False).float().clone()
