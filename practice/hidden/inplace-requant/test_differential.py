@@ -235,19 +235,3 @@ def test_differential_pause_costs(candidate, reference, case):
                           f"prompt={case['prompt']}, step_ms={case['step_ms']})", mine, theirs,
                           "section `pause_costs(mode, done, left, prompt, step_ms)`", rel_tol=1e-9)
 
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("kind", ["torch", "numpy"])
-def test_differential_quantize_and_hot_update_on_a_gpu(candidate, reference, kind):
-    for seed, (rows, cols) in enumerate([(3, 4), (7, 33), (1, 5)]):
-        case = _q([rows, cols], seed=seed, kind=kind, zero_rows=[0], device="cuda" if kind == "torch" else "cpu")
-        mine = solution_twin.run_here(candidate, f"{MODULE}:quantized", **case)
-        theirs = reference.run(f"{MODULE}:quantized", **case)
-        solution_twin.compare(f"quantize(<{kind} weight [{rows}, {cols}] on the GPU>)", mine, theirs,
-                              "section `quantize(w)`")
-        for new_shape in ([rows, cols], [1, cols], [cols]):
-            case = _u(rows, cols, new_shape, seed=seed, kind=kind, device="cuda")
-            mine = solution_twin.run_here(candidate, f"{MODULE}:updated", **case)
-            theirs = reference.run(f"{MODULE}:updated", **case)
-            solution_twin.compare(f"hot_update(<layer [{rows}, {cols}] on the GPU>, <{kind} weight {new_shape}>)",
-                                  mine, theirs, "section `hot_update(layer, new_w)`")
