@@ -8,8 +8,7 @@ change the other's state (module globals, torch settings, caches), and the learn
 cannot reach it through ``sys.modules``. The child process gets a clean environment and
 only the problem's directory, this directory and the reference edition on its path.
 
-This file is the same in every problem's hidden folder (the judge copies one folder per
-problem).
+It lives in ``hidden/shared/``, which the judge copies beside every problem's hidden tests.
 """
 from __future__ import annotations
 
