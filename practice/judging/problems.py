@@ -60,7 +60,8 @@ class Problem:
         d = self.hidden_dir()
         if not d.is_dir() or not list(d.glob("test_*.py")):
             return []
-        return sorted(d.glob("*.py"))
+        shared = sorted((d.parent / "shared").glob("*.py"))  # helpers every problem may use (solution_twin.py)
+        return sorted(d.glob("*.py")) + shared
 
 
 def parse_front_matter(text: str, where: str = "problem.md") -> dict:
