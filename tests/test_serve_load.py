@@ -67,14 +67,26 @@ def test_a_stall_splits_into_before_inside_and_after_its_window():
     assert m.stall_parts(times, 3.2, 4.0) is None
 
 
+def test_a_stall_that_began_in_the_previous_update_counts_from_its_end():
+    times = [0.0, 0.1, 3.0, 3.1]  # no token from 0.1 to 3.0: update 1 ran 0.5 -> 2.5, update 2 2.6 -> 2.8
+    assert m.stall(times, 0.5, 2.5) == pytest.approx(2.9)
+    assert m.stall(times, 2.6, 2.8) == pytest.approx(2.9)               # unclipped: charged twice
+    assert m.stall(times, 2.6, 2.8, since=2.5) == pytest.approx(0.5)    # from update 1's end to the next token
+    assert m.stall_parts(times, 2.6, 2.8, since=2.5) == pytest.approx({"before_s": 0.1, "inside_s": 0.2,
+                                                                       "after_s": 0.2})
+    assert m.stall([0.0, 2.7, 3.0], 2.6, 2.8, since=2.5) == pytest.approx(0.3)  # a later gap can be the longest
+
+
 def test_the_stall_goal_is_the_p99_of_stall_over_own_time_per_transport():
     def upd(transport, own, stall):
         return {"transport": transport, "own_ms": own, "stall_ms": stall, "stall_over_own": stall / own,
+                "stall_over_whole": stall / (2 * own),
                 **{k: 1.0 for k in ("stall_before_ms", "pause_ms", "flush_ms", "update_wall_ms", "continue_ms",
                                     "stall_after_ms")}}
     goal = serve_load.stall_goal([upd("disk", 100, 150)] * 3 + [upd("registered", 10, 50)])
     assert goal["disk"]["p99_stall_over_own"] == pytest.approx(1.5) and goal["disk"]["updates"] == 3
     assert goal["registered"]["p99_stall_over_own"] == pytest.approx(5.0)
+    assert goal["registered"]["p99_stall_over_whole"] == pytest.approx(2.5)
     assert goal["all"]["p99_stall_over_own"] > 4.8 and goal["all"]["median_own_ms"] == 100
 
 

@@ -96,7 +96,8 @@ async def one_request(http: httpx.AsyncClient, client: int, prompt: str, max_new
                 return rec
         rec.error = "still paused after every retry"
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
+        rec.error = (f"{type(exc).__name__}: {exc} (after {len(rec.events)} token events, "
+                     f"{rec.paused_retries} paused retries, {time.monotonic() - rec.first_sent:.3f} s)")
     finally:
         rec.end = time.monotonic()
     return rec
@@ -155,7 +156,9 @@ async def run_phase(url: str, clients: int, seconds: float, max_requests: int, s
     records: list[RequestRecord] = []
     start = time.monotonic()
     budget = Budget(start + seconds, max_requests)
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    # An idle pooled connection is dropped here after 2 s, before the server's keep-alive
+    # timeout (uvicorn's 5 s) can close it under a request just being sent on it.
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4, keepalive_expiry=2.0)
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=30.0)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
         tasks = [asyncio.create_task(client_loop(http, c, request_mix(seed * 1000 + c, prompt_chars, output_tokens),

@@ -30,7 +30,9 @@ Stall of an update: the longest gap between two consecutive token arrivals, over
 clients merged into one timeline, that overlaps the update's window (from the trainer
 sending the pause to it receiving the continue reply). It is what the busiest observer
 sees: no client received any token for that long. None when no token arrived after the
-window (nothing left to stall). ``stall_parts`` splits it into the time before the
+window (nothing left to stall). A gap that began before the previous update's window
+closed counts only from that close (an update that starts right after a long one is not
+charged the long one's stall). ``stall_parts`` splits it into the time before the
 window, inside it and after it, so a report can say what a stall is made of.
 """
 from __future__ import annotations
@@ -100,31 +102,37 @@ def arrivals(records) -> list[float]:
     return sorted(t for rec in records for t, _ in rec.events)
 
 
-def stall(times: list[float], start: float, end: float) -> float | None:
+def stall(times: list[float], start: float, end: float, since: float | None = None) -> float | None:
     """The longest gap between consecutive ``times`` (sorted) that overlaps [start, end];
-    None when no time falls after ``end`` or none before ``start``."""
-    gap = longest_gap(times, start, end)
+    None when no time falls after ``end`` or none before ``start``. ``since`` (at most
+    ``start``: the end of the previous update's window) clips where a gap may begin, so a
+    gap that began during the previous update is charged to this one only from the moment
+    that update was done (never the same stall twice)."""
+    gap = longest_gap(times, start, end, since)
     return None if gap is None else gap[1] - gap[0]
 
 
-def longest_gap(times: list[float], start: float, end: float) -> tuple[float, float] | None:
-    """``stall``'s gap itself, as (last arrival before it, first arrival after it)."""
+def longest_gap(times: list[float], start: float, end: float,
+                since: float | None = None) -> tuple[float, float] | None:
+    """``stall``'s gap itself, as (its beginning: the last arrival before it, or ``since``
+    if later; the first arrival after it)."""
     i = bisect.bisect_left(times, start)  # times[i - 1] < start <= times[i]
     j = bisect.bisect_right(times, end)   # times[j - 1] <= end < times[j]
     if i == 0 or j >= len(times):
         return None
-    k = max(range(i - 1, j), key=lambda k: times[k + 1] - times[k])
-    return times[k], times[k + 1]
+    floor = float("-inf") if since is None else min(since, start)
+    k = max(range(i - 1, j), key=lambda k: times[k + 1] - max(times[k], floor))
+    return max(times[k], floor), times[k + 1]
 
 
-def stall_parts(times: list[float], start: float, end: float) -> dict | None:
+def stall_parts(times: list[float], start: float, end: float, since: float | None = None) -> dict | None:
     """Where an update's stall lies against its window [start, end] (the pause sent, the
     continue replied): ``before_s``, how long before the pause was sent the last token
     came (the step in flight, or a quiet moment); ``inside_s``, the part of the window
     the gap covers; ``after_s``, how long after the continue reply the first token came
     (the first step on the new weights, a retried request's prefill). They add up to the
-    stall. None where ``stall`` is None."""
-    gap = longest_gap(times, start, end)
+    stall. None where ``stall`` is None. ``since``: as for ``stall``."""
+    gap = longest_gap(times, start, end, since)
     if gap is None:
         return None
     a, b = gap

@@ -112,7 +112,8 @@ def phase_summary(records, start: float, deadline: float, end: float) -> dict:
             **latencies(records)}
 
 
-def update_summary(u: dict, times: list[float]) -> dict:
+def update_summary(u: dict, times: list[float], since: float | None = None) -> dict:
+    """One update's row; ``since``: when the previous update's window closed (see ``stall``)."""
     out = {k: u.get(k) for k in ("update", "transport", "mode", "version", "messages", "num_aborted_requests",
                                  "flush_tries", "error")}
     out["own_ms"] = u["own_ms"]
@@ -125,11 +126,14 @@ def update_summary(u: dict, times: list[float]) -> dict:
     out["pause_ms"], out["flush_ms"] = span_ms("t_pause_sent", "t_paused"), span_ms("t_paused", "t_update_start")
     out["update_wall_ms"], out["continue_ms"] = span_ms("t_update_start", "t_update_end"), span_ms("t_update_end", "t_done")
     out["total_ms"] = span_ms("t_pause_sent", "t_done")
-    parts = stall_parts(times, u["t_pause_sent"], u["t_done"]) if u["t_done"] else None
+    parts = stall_parts(times, u["t_pause_sent"], u["t_done"], since) if u["t_done"] else None
     out["stall_ms"] = None if parts is None else 1e3 * sum(parts.values())
     out["stall_before_ms"] = None if parts is None else 1e3 * parts["before_s"]
     out["stall_after_ms"] = None if parts is None else 1e3 * parts["after_s"]
     out["stall_over_own"] = out["stall_ms"] / u["own_ms"] if parts is not None and u["own_ms"] > 0 else None
+    # Against the whole window the trainer drove (pause to continue replied): above 1 only
+    # by what came before the pause and after the continue.
+    out["stall_over_whole"] = out["stall_ms"] / out["total_ms"] if parts is not None and out["total_ms"] else None
     return out
 
 
@@ -142,6 +146,8 @@ def stall_goal(updates: list[dict]) -> dict:
             return percentile([u[key] for u in us if u[key] is not None], 50)
         return {"updates": len(us), "p99_stall_over_own": percentile([u["stall_over_own"] for u in us
                                                                       if u["stall_over_own"] is not None], 99),
+                "p99_stall_over_whole": percentile([u["stall_over_whole"] for u in us
+                                                    if u["stall_over_whole"] is not None], 99),
                 **{f"median_{k}": med(k) for k in ("own_ms", "stall_ms", "stall_before_ms", "pause_ms", "flush_ms",
                                                    "update_wall_ms", "continue_ms", "stall_after_ms")}}
     out = {"all": summary(updates)}
@@ -219,7 +225,8 @@ def summarize(res: dict, base, loaded, trainer: TrainerProcess, hot: dict, cold:
     res["baseline"] = phase_summary(*base)
     res["with_updates"] = phase_summary(*loaded)
     times = arrivals(loaded[0])
-    res["updates"] = [update_summary(u, times) for u in trainer.updates]
+    ends = [None] + [u["t_done"] or u["t_pause_sent"] for u in trainer.updates]  # a failed one: its start
+    res["updates"] = [update_summary(u, times, since) for u, since in zip(trainer.updates, ends)]
     res["stall_goal"] = stall_goal(res["updates"])
     res["trainer_failure"] = trainer.failure
     stale = count_stale(base[0] + loaded[0], trainer.updates, INITIAL_VERSION)
@@ -258,14 +265,15 @@ def report(res: dict) -> None:
         whole = "-" if u["total_ms"] is None else f"{u['total_ms']:.1f}"
         print(f"{u['update']:>6} {u['transport']:<11}{u['mode']:<9}{u['messages']:>5}{u['own_ms']:9.1f}{whole:>10}"
               f"{stall_ms:>10}{ratio:>10}{u['num_aborted_requests'] or 0:>8}  {u['error'] or ''}")
-    print("stall per update (p99 of stall / own, goal <= 2) and the medians of its parts (ms): the last token "
-          "before the pause, the pause, flush, update and continue calls, the first token after")
-    print(f"{'updates':<12}{'n':>4}{'p99 s/own':>10}{'own':>8}{'stall':>8}{'before':>8}{'pause':>8}{'flush':>8}"
+    print("stall per update: p99 of stall / own time (goal <= 2), p99 of stall / the whole window (pause sent to "
+          "continue replied), and medians (ms) of the own time, the stall and its parts: the last token before the "
+          "pause, the pause, flush, update and continue calls, the first token after")
+    print(f"{'updates':<12}{'n':>4}{'p99 s/own':>10}{'s/whole':>8}{'own':>8}{'stall':>8}{'before':>8}{'pause':>8}{'flush':>8}"
           f"{'update':>8}{'cont.':>8}{'after':>8}")
     for name, g in res["stall_goal"].items():
         def f(x, fmt="8.1f"):
             return f"{'-':>8}" if x is None else format(x, fmt)
-        print(f"{name:<12}{g['updates']:>4}{f(g['p99_stall_over_own'], '10.1f')}" + "".join(
+        print(f"{name:<12}{g['updates']:>4}{f(g['p99_stall_over_own'], '10.1f')}{f(g['p99_stall_over_whole'])}" + "".join(
             f(g[f"median_{k}"]) for k in ("own_ms", "stall_ms", "stall_before_ms", "pause_ms", "flush_ms",
                                           "update_wall_ms", "continue_ms", "stall_after_ms")))
     ratio = res["throughput_ratio"]

@@ -105,13 +105,18 @@ class ModelRunner:
             query_lens.append(seq.num_tokens - start)
             ctx_lens.append(seq.num_tokens)
         width, rows = max(len(s.block_table) for s in seqs), len(seqs)
+        if self.config.is_cuda:
+            # One block-table width for every prefill on a GPU: a width that changed with the
+            # batch would change the table's row stride, an argument the Triton kernels are
+            # specialized on (1, a multiple of 16, or other), and a new specialization is
+            # compiled in the middle of serving (seconds with every client waiting).
+            width = self.max_blocks_per_seq
         shape = self.prefill_shape(len(input_ids), len(seqs)) if pad else None
         if shape is not None:
             tokens, rows = shape
             extra = tokens - len(input_ids)
             input_ids, positions = input_ids + [0] * extra, list(positions) + [0] * extra
             slots = slots + [self.scratch_block * self.block_size] * extra
-            width = self.max_blocks_per_seq
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
