@@ -14,6 +14,7 @@ continue. Each update's record goes back to the parent as soon as it is done.
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -38,6 +39,7 @@ def serve_child(path, device: str, engine_kwargs: dict, conn) -> None:
     engine = Engine(path, device=device, **engine_kwargs)
     app = create_app(engine, allow_weight_update=True)
     sock = bind("127.0.0.1", 0)
+    gc.freeze()  # as ``python -m course_lib serve`` does: the engine is never walked by the collector again
     conn.send(sock.getsockname()[1])
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])

@@ -6,6 +6,7 @@ race, and the address printed (or ``BackgroundServer.url``) is the one really li
 """
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -41,6 +42,7 @@ def serve(args) -> int:
                      max_body_bytes=int(args.max_body_mb * (1 << 20)))
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
+    gc.freeze()  # the engine lives as long as the server: the collector need never walk it again
     print(f"serving {args.model} on http://{host}:{port} (device {device}, weight routes "
           f"{'on' if args.allow_weight_update else 'off'}, API key {'required' if api_key else 'not required'})",
           flush=True)
