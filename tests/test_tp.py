@@ -32,6 +32,7 @@ def engine(ckpts):
     eng.update_weight_version("a")
     yield eng
     assert eng.close() == [0]  # the worker left cleanly
+    assert not torch.distributed.is_initialized()  # and so did rank 0: no group left behind
 
 
 @pytest.fixture

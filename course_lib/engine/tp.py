@@ -384,6 +384,12 @@ class TPEngine(Engine):
         self._closed = True
         for q in self._commands:
             q.put(("stop",))
+        # Leave the group while the workers leave theirs. Under NCCL tearing a communicator
+        # down takes every rank: a rank 0 that first waited for the workers to exit would
+        # wait on workers that wait on it (each worker leaves the group before it exits).
+        # The teardown runs on a thread with a limit, so a dead or hung worker can never
+        # hang close(); the group is then left as it is (the process is ending anyway).
+        left = self._leave_group(timeout_s=60.0) if dist.is_initialized() else True
         codes = []
         for proc in self._workers:
             try:
@@ -391,10 +397,30 @@ class TPEngine(Engine):
             except TimeoutError:
                 proc.kill()
                 codes.append(wait_for_exit(proc, timeout=10.0))
-        if dist.is_initialized():
-            dist.destroy_process_group()
         torch.set_num_threads(self._saved_threads)
+        if not left:
+            raise WorkerError("rank 0 could not leave the process group within 60 s (a worker did not take "
+                              f"part; worker exit codes {codes})")
         return codes
+
+    def _leave_group(self, timeout_s: float) -> bool:
+        """``destroy_process_group`` on a thread, waited for at most ``timeout_s``; whether it ended."""
+        import threading
+
+        errors: list[BaseException] = []
+
+        def leave():
+            try:
+                dist.destroy_process_group()
+            except BaseException as exc:  # noqa: BLE001 - reported below, on the caller's thread
+                errors.append(exc)
+
+        t = threading.Thread(target=leave, name="tp-leave-group", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if errors:
+            raise errors[0]
+        return not t.is_alive()
 
     def __enter__(self) -> "TPEngine":
         return self
