@@ -288,7 +288,7 @@ def test_grade_writes_the_gradebook_and_keeps_learners_apart(ran):
     for who, rec in records.items():
         assert rec["sha"] == shas[who], f"{who} ran a file other than the one handed in"
         others = set(rec["files"]) - {"conftest.py", "pytest.ini", "layer.py", "test_public.py", "test_hidden.py",
-                                     "test_differential.py", "solution_twin.py"}
+                                     "test_differential.py", "solution_twin.py", "twin.py"}
         assert others == {f"{SLUG}.py"}, f"{who}'s directory held more than their own file: {rec['files']}"
         assert not os.path.exists(rec["cwd"]), "the run directory was left behind"
 

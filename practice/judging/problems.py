@@ -60,8 +60,9 @@ class Problem:
         d = self.hidden_dir()
         if not d.is_dir() or not list(d.glob("test_*.py")):
             return []
-        shared = sorted((d.parent / "shared").glob("*.py"))  # helpers every problem may use (solution_twin.py)
-        return sorted(d.glob("*.py")) + shared
+        # Helpers every problem may use (solution_twin.py) and the chapters' twin.py, on which it builds.
+        shared = sorted((d.parent / "shared").glob("*.py")) + [d.parent / "chapters" / "shared" / "twin.py"]
+        return sorted(d.glob("*.py")) + [p for p in shared if p.is_file()]
 
 
 def parse_front_matter(text: str, where: str = "problem.md") -> dict:

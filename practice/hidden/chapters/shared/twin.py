@@ -40,32 +40,32 @@ class ReferenceFailed(RuntimeError):
     never the learner's."""
 
 
-class Reference:
-    """A child process running scenarios on the reference ``course_lib`` under ``root``
-    (``require_reference=False``: on any edition's, e.g. a learner's for the speed tier)."""
+class JsonChild:
+    """A child process spoken to in JSON lines: a request per line on its stdin, a reply
+    per line on its stdout (``{"result": ...}`` or ``{"error": ...}``), after a first
+    "hello" line that says what it loaded. ``Reference`` below runs the reference
+    ``course_lib``; the practice problems' ``solution_twin.py`` runs a reference answer."""
 
-    def __init__(self, root: str, require_reference: bool = True):
-        self.root = str(Path(root).resolve())
+    def _start(self, argv: list[str], pythonpath: list[str]) -> dict:
+        """Start the child with only ``pythonpath`` on its path and no COURSE_/PYTEST_
+        variables; returns its hello."""
         self._log = tempfile.TemporaryFile(mode="w+")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTEST_"))}
-        # The reference and the scenarios (beside this file) only.
-        env.update(PYTHONPATH=os.pathsep.join([self.root, str(HERE)]), PYTHONDONTWRITEBYTECODE="1")
-        self._proc = subprocess.Popen([sys.executable, "-u", "-c", "import twin; twin.serve()"], cwd=str(HERE),
-                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._log, text=True)
-        hello = self._read()
-        want = os.path.realpath(os.path.join(self.root, "course_lib"))
-        if hello.get("course_lib") != want or (require_reference and not hello.get("reference")):
-            self.close()
-            raise ReferenceFailed(f"the reference process imported {hello} instead of the reference edition at {want}")
+        env.update(PYTHONPATH=os.pathsep.join(pythonpath), PYTHONDONTWRITEBYTECODE="1")
+        self._proc = subprocess.Popen([sys.executable, *argv], cwd=str(HERE), env=env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._log, text=True)
+        return self._read()
+
+    def _failed(self, scenario: str, kwargs: dict, error: str) -> str:
+        return f"the child process failed on {scenario}({kwargs}): {error}"
 
     def run(self, scenario: str, /, **kwargs):
-        """Run scenario ``module:function`` on the reference; returns what it observed."""
+        """Run scenario ``module:function`` in the child; returns what it observed."""
         self._proc.stdin.write(json.dumps({"scenario": scenario, "kwargs": kwargs}) + "\n")
         self._proc.stdin.flush()
         reply = self._read()
         if "error" in reply:
-            raise ReferenceFailed(f"the course_lib in {self.root} failed on {scenario}({kwargs}): {reply['error']}")
+            raise ReferenceFailed(self._failed(scenario, kwargs, reply["error"]))
         return reply["result"]
 
     def _read(self) -> dict:
@@ -85,26 +85,49 @@ class Reference:
         self._log.close()
 
 
-def serve() -> None:
-    """The child's loop: one JSON request per line on stdin, one reply per line on the
-    original stdout (anything the engine prints goes to stderr instead)."""
+def serve_json_lines(hello: dict, run) -> None:
+    """The child's loop: ``hello`` first, then for each request line ``run(scenario,
+    **kwargs)``'s result (or the error) as one reply line on the original stdout;
+    anything the code prints goes to stderr instead."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    import course_lib
-    from course_lib import edition
-    reference = edition.EDITION == "instructor" and not edition.REPLACED
-    out.write(json.dumps({"course_lib": os.path.realpath(os.path.dirname(course_lib.__file__)),
-                          "reference": reference}) + "\n")
+    out.write(json.dumps(hello) + "\n")
     out.flush()
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            reply = {"result": run_here(request["scenario"], **request["kwargs"])}
+            reply = {"result": run(request["scenario"], **request["kwargs"])}
         except BaseException as exc:  # noqa: BLE001 - reported to the grader, which fails loudly
             reply = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
+
+
+class Reference(JsonChild):
+    """A child process running scenarios on the reference ``course_lib`` under ``root``
+    (``require_reference=False``: on any edition's, e.g. a learner's for the speed tier)."""
+
+    def __init__(self, root: str, require_reference: bool = True):
+        self.root = str(Path(root).resolve())
+        # The reference and the scenarios (beside this file) only.
+        hello = self._start(["-u", "-c", "import twin; twin.serve()"], [self.root, str(HERE)])
+        want = os.path.realpath(os.path.join(self.root, "course_lib"))
+        if hello.get("course_lib") != want or (require_reference and not hello.get("reference")):
+            self.close()
+            raise ReferenceFailed(f"the reference process imported {hello} instead of the reference edition at {want}")
+
+    def _failed(self, scenario: str, kwargs: dict, error: str) -> str:
+        return f"the course_lib in {self.root} failed on {scenario}({kwargs}): {error}"
+
+
+def serve() -> None:
+    """The reference child: says which course_lib it imported, then runs scenarios."""
+    import course_lib
+    from course_lib import edition
+    reference = edition.EDITION == "instructor" and not edition.REPLACED
+    serve_json_lines({"course_lib": os.path.realpath(os.path.dirname(course_lib.__file__)),
+                      "reference": reference}, run_here)
 
 
 def _short(value, limit: int = 300) -> str:
@@ -112,28 +135,32 @@ def _short(value, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def first_difference(mine, theirs, path: str = "", rel_tol: float = 0.0, abs_tol: float = 0.0):
+def first_difference(mine, theirs, path: str = "", rel_tol: float = 0.0, abs_tol: float = 0.0,
+                     strict_types: bool = False):
     """The first place two JSON values differ: (path, mine, theirs), or None when equal.
     Floats are equal within ``rel_tol``/``abs_tol`` (exact by default: a contract that
-    fixes the arithmetic's order; a tolerance where two correct answers may round apart)."""
+    fixes the arithmetic's order; a tolerance where two correct answers may round apart).
+    ``strict_types``: equal values of other types differ too (``True`` and ``1``, ``1``
+    and ``1.0``)."""
     if isinstance(mine, dict) and isinstance(theirs, dict):
         for key in sorted(set(mine) | set(theirs)):
             if key not in mine or key not in theirs:
                 return f"{path}.{key}", mine.get(key, "<missing>"), theirs.get(key, "<missing>")
-            found = first_difference(mine[key], theirs[key], f"{path}.{key}", rel_tol, abs_tol)
+            found = first_difference(mine[key], theirs[key], f"{path}.{key}", rel_tol, abs_tol, strict_types)
             if found:
                 return found
         return None
     if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
         for i, (a, b) in enumerate(zip(mine, theirs)):
-            found = first_difference(a, b, f"{path}[{i}]", rel_tol, abs_tol)
+            found = first_difference(a, b, f"{path}[{i}]", rel_tol, abs_tol, strict_types)
             if found:
                 return found
         return None
     if (type(mine) is float and type(theirs) is float and (rel_tol or abs_tol)
             and math.isclose(mine, theirs, rel_tol=rel_tol, abs_tol=abs_tol)):
         return None
-    return None if mine == theirs else (path or "(the result)", mine, theirs)
+    same = mine == theirs and (not strict_types or type(mine) is type(theirs))
+    return None if same else (path or "(the result)", mine, theirs)
 
 
 def compare_traces(ops: list, mine: list, theirs: list, explain: str = "") -> None:
