@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -30,11 +29,7 @@ MODULE = "test_differential"
 DTYPES = ["float32", "bfloat16", "float16", "int8", "int64"]
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 def _tensors(specs, seed):

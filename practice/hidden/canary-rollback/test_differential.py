@@ -20,7 +20,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -32,11 +31,7 @@ MODULE = "test_differential"
 PROMPTS = ["the cat sat", "a, b. c", "hello hello", "jihgfedcba", "  ,. ab"]
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 # -- first_divergence ----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import hashlib
 import random
 import tempfile
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -32,11 +31,7 @@ FAULTS = ["unknown name", "wrong shape", "same count other shape", "integer dtyp
 _CKPTS: dict = {}
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 def _digest(tensors) -> str:

@@ -16,7 +16,6 @@ derandomized and the edge cases are explicit examples.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -29,11 +28,7 @@ MODULE = "test_differential"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 def weight(shape, seed, dtype="float32", kind="torch", zero_rows=(), ties=False, magnitude=1.0, device="cpu"):

@@ -9,7 +9,6 @@ process (solution_twin.py); scenarios are derandomized, the edge shapes explicit
 """
 from __future__ import annotations
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -20,11 +19,7 @@ SLUG = "layerwise-memory"
 MODULE = "test_differential"
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 def _call(function, *args):

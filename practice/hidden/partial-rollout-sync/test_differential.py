@@ -16,7 +16,6 @@ from __future__ import annotations
 import random
 import tempfile
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -28,11 +27,7 @@ MODULE = "test_differential"
 MODES = ["keep", "retract", "abort", "wait"]
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 def _record(engine, calls, new_names):

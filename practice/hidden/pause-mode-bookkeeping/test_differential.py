@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import random
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -27,11 +26,7 @@ MODULE = "test_differential"
 MODES = ["abort", "wait", "keep", "in_place", "retract"]
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ref = solution_twin.Reference(SLUG)
-    yield ref
-    ref.close()
+reference = solution_twin.reference_fixture(SLUG)  # the reference answer's process, one per module
 
 
 def ledger(module, mode, requests, block_size):

@@ -83,6 +83,19 @@ class Reference(JsonChild):
         return f"the reference answer failed on {scenario}({kwargs}): {error}"
 
 
+def reference_fixture(slug: str):
+    """A module-scoped pytest fixture that starts ``slug``'s reference process once and
+    closes it after the module's cases: ``reference = reference_fixture(SLUG)``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def reference():
+        ref = Reference(slug)
+        yield ref
+        ref.close()
+    return reference
+
+
 def serve() -> None:
     """The reference child: loads the solution file named on its command line, says so,
     then runs scenarios on it."""
