@@ -118,8 +118,10 @@ def test_notebook_executes(path, tmp_path, jupyter_env, capsys, record_property)
     nb.cells = [c for c in nb.cells if not (c.metadata.get("nbgrader", {}).get("grade")
                                             and "grade_exercise(" in c.source) and not is_check_cell(c)]
     # allow_errors: every failing cell is listed below at once, not only the first.
+    # startup_timeout: on two busy cores (the whole suite side by side) a kernel once took
+    # more than nbclient's default 60 s to answer its first message.
     client = nbclient.NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", allow_errors=True,
-                                     resources={"metadata": {"path": str(path.parent)}})
+                                     startup_timeout=180, resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     try:
         client.execute()  # raises CellExecutionError, naming the cell, on the first error

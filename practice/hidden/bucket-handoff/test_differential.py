@@ -72,7 +72,7 @@ class LazyEngine:
                            "dtype": str(flat.dtype)})
         return receipt
 
-    def _apply_through(self, last):
+    def apply_through(self, last):
         import torch
 
         from course_lib.weights import bucket
@@ -91,7 +91,7 @@ class LazyEngine:
         if receipt in self.acked:
             self.odd_waits.append(["already acknowledged", receipt])
             return
-        self._apply_through(receipt)
+        self.apply_through(receipt)
 
 
 def send(module, specs, seed, bucket_bytes, num_buffers):
@@ -104,7 +104,7 @@ def send(module, specs, seed, bucket_bytes, num_buffers):
     except Exception as exc:  # noqa: BLE001 - the error type is compared
         result = {"raised": type(exc).__name__}
     result["unacknowledged at return"] = [r for r, _ in engine.pending]
-    engine._apply_through(float("inf"))  # what an engine would read of the rest, later
+    engine.apply_through(float("inf"))  # what an engine would read of the rest, later
     result.update(posts=engine.posts, buckets_read=engine.read, odd_waits=engine.odd_waits,
                   tensors_never_sent=sorted(set(engine.sent) - {t[0] for b in engine.read for t in b["tensors"]}))
     return result
