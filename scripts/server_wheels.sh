@@ -10,7 +10,8 @@
 #   starlette: anyio, typing-extensions     uvicorn: click, h11       anyio: idna (sniffio for older callers)
 #   pydantic: annotated-types, pydantic-core, typing-extensions, typing-inspection
 #   opentelemetry-api, typing-inspection, pydantic-core: typing-extensions
-# and the judge's differential hidden cases' one extra package: hypothesis (needs sortedcontainers)
+# and the judge's differential hidden cases' one extra package: hypothesis (needs sortedcontainers);
+# and InstantTensor, the loader `bench update` compares the disk path with (needs torch only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(
@@ -18,6 +19,7 @@ PACKAGES=(
     annotated-types==0.7.0 typing-inspection==0.4.2 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 click==8.5.1
     typing-extensions==4.16.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2 idna==3.20
     hypothesis==6.155.2 sortedcontainers==2.4.0
+    instanttensor==0.2.2
 )
 mkdir -p .whl
 for spec in "${PACKAGES[@]}"; do

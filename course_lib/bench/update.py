@@ -20,6 +20,8 @@ Measured in one run, on the same checkpoint:
   so the two ways a trainer can push its weights stand side by side;
 - disk: ``update_weights_from_disk`` from a page-cached checkpoint, layer by layer and
   with full staging;
+- InstantTensor's ``safe_open`` (its buffered backends) reading the same files to the
+  GPU, when that optional package is installed, with the disk path's ratio to it;
 - transformers' ``model.load_state_dict(load_file(...))`` on the same files, when
   transformers is installed (what a user would otherwise do).
 
@@ -230,13 +232,40 @@ def transformers_load(path, device: str) -> float | None:
     return gbps
 
 
+def instanttensor_load(path, device: str) -> dict:
+    """GB/s of InstantTensor (an optional loader, ``pip install instanttensor``) reading the
+    same files to the GPU with its buffered backends (io_uring, else mmap), each tensor
+    copied into a tensor allocated beforehand, as a loader fills a model. The page cache is
+    warmed by a first read, as the disk rows' is. ``{"skipped": why}`` without the package
+    or without CUDA."""
+    try:
+        from instanttensor import BackendPolicy, safe_open
+    except ImportError:
+        return {"skipped": "instanttensor is not installed (pip install instanttensor)"}
+    if not is_cuda(device):
+        return {"skipped": "InstantTensor reads to CUDA devices only"}
+    reader = CheckpointReader(path)
+    files = sorted({str(f) for f in reader.files.values()})
+    dest = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in reader.metadata().items()}
+
+    def load():
+        with safe_open(files, framework="pt", device=torch.device(device), copy=False,
+                       backend=BackendPolicy.BUFFERED) as f:
+            for name, t in f.tensors():
+                dest[name].copy_(t)  # the yielded tensor is valid until the next one
+    gbps = reader.nbytes() / median_time(load, device, repeat=3) / 1e9
+    del dest
+    return {"gbps": gbps}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m course_lib.bench update")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bucket-mb", type=int, default=512)
     p.add_argument("--no-transformers", action="store_true")
-    p.add_argument("--parts", nargs="+", default=["loop", "ipc", "registered", "disk", "inproc", "transformers"],
+    p.add_argument("--parts", nargs="+", default=["loop", "ipc", "registered", "disk", "instanttensor", "inproc",
+                                                  "transformers"],
                    help="which measurements to run (the copy baselines always run)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -274,6 +303,8 @@ def main(argv=None) -> dict:
             steps.update()
         res["largest_layer_bytes"] = largest_layer_bytes(reader)
         del engine
+        if "instanttensor" in args.parts:  # the same page-cached files as the disk rows
+            res["instanttensor"] = instanttensor_load(b, device)
         if gpu:
             torch.cuda.empty_cache()
         if "inproc" in args.parts:
@@ -320,6 +351,11 @@ def report(r: dict) -> None:
         if f"disk_{staging}" in r:
             rows.append((f"disk, {'layer by layer' if staging == 'layer' else 'full staging'}",
                          r[f"disk_{staging}"]["gbps"], h2d, "pinned H2D"))
+    it = r.get("instanttensor") or {}
+    if "gbps" in it:
+        rows.append(("InstantTensor safe_open (buffered) to the GPU", it["gbps"], h2d, "pinned H2D"))
+    elif it:
+        print(f"  InstantTensor: not measured ({it['skipped']})")
     for name, gbps, denom, base in rows:
         ratio = f"{gbps / denom:6.0%} of {base}" if denom else ""
         print(f"  {name:<46} {gbps:8.1f} GB/s  {ratio}")
@@ -335,6 +371,8 @@ def report(r: dict) -> None:
         if "registered" in r:
             print(f"  SGLang-style buckets / registered (2 buffers), engine side: "
                   f"{r['ipc']['engine_gbps'] / r['registered']['engine_gbps']:.2f}")
+    if "gbps" in it and "disk_layer" in r:
+        print(f"  disk layer by layer / InstantTensor, same files, same run: {r['disk_layer']['gbps'] / it['gbps']:.2f}")
     if r.get("transformers_gbps") and "disk_layer" in r:
         print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
               f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")
