@@ -135,10 +135,7 @@ MANY = [([8, 8], "float32")] * 6
 @example(case=_s([([4], "float32"), ([24, 24], "float32"), ([2], "bfloat16"), ([24, 20], "float16")] * 2))
 @example(case=_s(MANY, num_buffers=8))                       # more buffers than buckets
 def test_differential_send_weights(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:send", **case)
-    theirs = reference.run(f"{MODULE}:send", **case)
     shown = [f"{dtype}{shape}" for shape, dtype in case["specs"]]
-    solution_twin.compare(
-        f"send_weights(<{len(shown)} tensors: {', '.join(shown)}>, post, wait_ack, "
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:send", f"send_weights(<{len(shown)} tensors: {', '.join(shown)}>, post, wait_ack, "
         f"bucket_bytes={case['bucket_bytes']}, num_buffers={case['num_buffers']}) against an engine that reads "
-        f"each bucket when you wait for it", mine, theirs, "the numbered rules 1-4")
+        f"each bucket when you wait for it", "the numbered rules 1-4", **case)

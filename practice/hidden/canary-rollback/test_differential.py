@@ -69,9 +69,7 @@ def token_pairs(draw):
 @example(pair=([0, 0], [0]))
 def test_differential_first_divergence(candidate, reference, pair):
     expected, got = pair
-    mine = solution_twin.run_here(candidate, f"{MODULE}:divergence", expected=expected, got=got)
-    theirs = reference.run(f"{MODULE}:divergence", expected=expected, got=got)
-    solution_twin.compare(f"first_divergence({expected}, {got})", mine, theirs, "section `first_divergence`")
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:divergence", f"first_divergence({expected}, {got})", "section `first_divergence`", expected=expected, got=got)
 
 
 # -- guarded_update --------------------------------------------------------------------------------
@@ -216,9 +214,7 @@ def canaries(draw):
 @example(case=dict(version="new", n_prompts=2, lengths=[4, 4], changes=["cut short", "ran on"],
                    min_agreement=0.5, label="v2"))
 def test_differential_guarded_update(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:canary", **case)
-    theirs = reference.run(f"{MODULE}:canary", **case)
     call = (f"guarded_update(engine on the old version, <{case['version']} version>, {case['n_prompts']} prompts, "
             f"expected answers of {case['lengths']} tokens changed {case['changes']}, {case['label']!r}, "
             f"min_agreement={case['min_agreement']!r})")
-    solution_twin.compare(call, mine, theirs, "section `guarded_update` (steps 1-3)")
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:canary", call, "section `guarded_update` (steps 1-3)", **case)

@@ -161,9 +161,6 @@ def _s(fault=None, fault_at=0, fraction=1.0, dtype="float32", **shape):
 @example(case=_s(fault="misaligned", fault_at=1, dtype="bfloat16"))
 @example(case=_s(fault="name twice", fault_at=99))
 def test_differential_bucket_updater(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:updates", **case)
-    theirs = reference.run(f"{MODULE}:updates", **case)
-    solution_twin.compare(
-        f"BucketUpdater(model).apply(bucket) for each bucket (model {case['shape']}, {case['dtype']} checkpoint, "
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:updates", f"BucketUpdater(model).apply(bucket) for each bucket (model {case['shape']}, {case['dtype']} checkpoint, "
         f"{case['fraction']:.0%} of its tensors in random buckets (seed {case['seed']}), bad entry: {case['fault']} "
-        f"in bucket {case['fault_at']})", mine, theirs, "sections 'Write BucketUpdater' and 'The rules' (1-3)")
+        f"in bucket {case['fault_at']})", "sections 'Write BucketUpdater' and 'The rules' (1-3)", **case)

@@ -103,11 +103,8 @@ def _q(shape, **kw):
 @example(case=_q([5]))          # not 2-D
 @example(case=_q([2, 3, 4]))    # not 2-D
 def test_differential_quantize(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:quantized", **case)
-    theirs = reference.run(f"{MODULE}:quantized", **case)
-    solution_twin.compare(f"quantize(<{case['kind']} {case['dtype']} weight of shape {case['shape']}, "
-                          f"zero rows {case['zero_rows']}, ties {case['ties']}, scale {case['magnitude']}>)",
-                          mine, theirs, "section `quantize(w)`")
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:quantized", f"quantize(<{case['kind']} {case['dtype']} weight of shape {case['shape']}, "
+                          f"zero rows {case['zero_rows']}, ties {case['ties']}, scale {case['magnitude']}>)", "section `quantize(w)`", **case)
 
 
 def _storage(t):
@@ -167,11 +164,8 @@ def _u(rows, cols, new_shape, **kw):
 @example(case=_u(0, 4, [0, 4]))      # a layer with no rows
 @example(case=_u(0, 4, [1, 4]))
 def test_differential_hot_update(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:updated", **case)
-    theirs = reference.run(f"{MODULE}:updated", **case)
-    solution_twin.compare(f"hot_update(<layer [{case['rows']}, {case['cols']}] holding an earlier version>, "
-                          f"<{case['kind']} {case['dtype']} weight of shape {case['new_shape']}>)",
-                          mine, theirs, "section `hot_update(layer, new_w)`")
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:updated", f"hot_update(<layer [{case['rows']}, {case['cols']}] holding an earlier version>, "
+                          f"<{case['kind']} {case['dtype']} weight of shape {case['new_shape']}>)", "section `hot_update(layer, new_w)`", **case)
 
 
 def _plain(v):
@@ -224,9 +218,6 @@ def _c(mode, done, left, **kw):
 @example(case=_c("Retract", [1], [1]))
 @example(case=_c("", [1], [1]))
 def test_differential_pause_costs(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:costs", **case)
-    theirs = reference.run(f"{MODULE}:costs", **case)
-    solution_twin.compare(f"pause_costs({case['mode']!r}, done={case['done']}, left={case['left']} (as {case['kind']}), "
-                          f"prompt={case['prompt']}, step_ms={case['step_ms']})", mine, theirs,
-                          "section `pause_costs(mode, done, left, prompt, step_ms)`", rel_tol=1e-9)
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:costs", f"pause_costs({case['mode']!r}, done={case['done']}, left={case['left']} (as {case['kind']}), "
+                          f"prompt={case['prompt']}, step_ms={case['step_ms']})", "section `pause_costs(mode, done, left, prompt, step_ms)`", rel_tol=1e-9, **case)
 

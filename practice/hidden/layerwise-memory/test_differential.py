@@ -77,8 +77,5 @@ def _shape(**kw):
 @example(shape=_shape(torch_dtype="float16", vocab_size=300, hidden_size=128))
 @example(shape=_shape(num_key_value_heads=1))
 def test_differential_reload_groups_and_peak(candidate, reference, shape):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:answers", shape=shape)
-    theirs = reference.run(f"{MODULE}:answers", shape=shape)
     args = ", ".join(f"{k}={v!r}" for k, v in shape.items())
-    solution_twin.compare(f"reload_groups / peak_held_bytes on preset('tiny', {args})", mine, theirs,
-                          "sections `reload_groups(config)` and `peak_held_bytes(config, quantization)`")
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:answers", f"reload_groups / peak_held_bytes on preset('tiny', {args})", "sections `reload_groups(config)` and `peak_held_bytes(config, quantization)`", shape=shape)

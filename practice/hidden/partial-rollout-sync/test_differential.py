@@ -132,9 +132,6 @@ def _b(mode, lengths, overlap, seed=7, temperature=1.0):
 @example(case=_b("abort", [5, 4], 0))             # no overlap: the sync comes first
 @example(case=_b("retract", [1], 4, temperature=0.0))
 def test_differential_overlap_and_sync(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:rollout", **case)
-    theirs = reference.run(f"{MODULE}:rollout", **case)
-    solution_twin.compare(
-        f"overlap_and_sync(<fresh engine, seed {case['seed']}>, {len(case['lengths'])} prompts of "
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:rollout", f"overlap_and_sync(<fresh engine, seed {case['seed']}>, {len(case['lengths'])} prompts of "
         f"{case['lengths']} tokens (temperature {case['temperature']}), <new weights>, <version>, "
-        f"{case['mode']!r}, overlap_steps={case['overlap']})", mine, theirs, "steps 1-5 of the task")
+        f"{case['mode']!r}, overlap_steps={case['overlap']})", "steps 1-5 of the task", **case)

@@ -96,10 +96,7 @@ MIXED = [_req("a", True, A, B), _req("b", True, A, B), _req("c", True, A, [9]), 
 @example(case=dict(mode="retract", requests=[_req("x", True, A, B), _req("y", True, B, A)], block_size=4))
 @example(case=dict(mode="restart", requests=MIXED, block_size=4))
 def test_differential_pause_ledger(candidate, reference, case):
-    mine = solution_twin.run_here(candidate, f"{MODULE}:ledger", **case)
-    theirs = reference.run(f"{MODULE}:ledger", **case)
     shown = [(r["rid"], "running" if r["running"] else "queued", r["token_ids"], r["num_prompt_tokens"])
              for r in case["requests"]]
-    solution_twin.compare(f"pause_ledger({case['mode']!r}, requests (rid, state, token_ids, num_prompt_tokens) = "
-                          f"{shown}, block_size={case['block_size']})", mine, theirs,
-                          "section `What the engine does, and what you return`")
+    solution_twin.same_as_reference(candidate, reference, f"{MODULE}:ledger", f"pause_ledger({case['mode']!r}, requests (rid, state, token_ids, num_prompt_tokens) = "
+                          f"{shown}, block_size={case['block_size']})", "section `What the engine does, and what you return`", **case)

@@ -83,6 +83,14 @@ class Reference(JsonChild):
         return f"the reference answer failed on {scenario}({kwargs}): {error}"
 
 
+def same_as_reference(candidate, reference, scenario: str, call: str, section: str, /, rel_tol: float = 0.0,
+                      **kwargs) -> None:
+    """Run ``scenario`` with ``kwargs`` on the learner's module here and on the reference
+    answer, and ``compare`` what both observed (``call`` and ``section`` as there)."""
+    mine = run_here(candidate, scenario, **kwargs)
+    compare(call, mine, reference.run(scenario, **kwargs), section, rel_tol=rel_tol)
+
+
 def reference_fixture(slug: str):
     """A module-scoped pytest fixture that starts ``slug``'s reference process once and
     closes it after the module's cases: ``reference = reference_fixture(SLUG)``."""
