@@ -161,20 +161,23 @@ async def run_phase(url: str, clients: int, seconds: float, max_requests: int, s
     # timeout (uvicorn's 5 s) can close it under a request just being sent on it.
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4, keepalive_expiry=2.0)
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=30.0)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
-        tasks = [asyncio.create_task(client_loop(http, c, request_mix(seed * 1000 + c, prompt_chars, output_tokens),
-                                                 budget, records)) for c in range(clients)]
-        while not all(t.done() for t in tasks):
-            await asyncio.wait(tasks, timeout=0.5)
-            # The records grow by a tuple per token event, and a full collection walks every
-            # one: 0.3 s with ~100k events on a CPU, during which no client reads anything
-            # and every stream seems to stall. They live to the end of the run anyway:
-            # frozen, the collector never walks them again.
-            gc.freeze()
-            if tick is not None:
-                tick(records)
-        for t in tasks:
-            t.result()  # a bug in a client shows here
-    end = time.monotonic()
-    gc.unfreeze()  # the phase is over: this process's objects are the collector's again
+    try:
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
+            tasks = [asyncio.create_task(client_loop(http, c, request_mix(seed * 1000 + c, prompt_chars,
+                                                                          output_tokens), budget, records))
+                     for c in range(clients)]
+            while not all(t.done() for t in tasks):
+                await asyncio.wait(tasks, timeout=0.5)
+                # The records grow by a tuple per token event, and a full collection walks
+                # every one: 0.3 s with ~100k events on a CPU, during which no client reads
+                # anything and every stream seems to stall. They live to the end of the run
+                # anyway: frozen, the collector never walks them again.
+                gc.freeze()
+                if tick is not None:
+                    tick(records)
+            for t in tasks:
+                t.result()  # a bug in a client shows here
+        end = time.monotonic()
+    finally:
+        gc.unfreeze()  # the phase is over: this process's objects are the collector's again
     return records, start, budget.deadline, end

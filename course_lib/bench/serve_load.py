@@ -270,9 +270,10 @@ def report(res: dict) -> None:
           "pause, the pause, flush, update and continue calls, the first token after")
     print(f"{'updates':<12}{'n':>4}{'p99 s/own':>10}{'s/whole':>8}{'own':>8}{'stall':>8}{'before':>8}{'pause':>8}{'flush':>8}"
           f"{'update':>8}{'cont.':>8}{'after':>8}")
+    def f(x, fmt="8.1f"):
+        return f"{'-':>8}" if x is None else format(x, fmt)
+
     for name, g in res["stall_goal"].items():
-        def f(x, fmt="8.1f"):
-            return f"{'-':>8}" if x is None else format(x, fmt)
         print(f"{name:<12}{g['updates']:>4}{f(g['p99_stall_over_own'], '10.1f')}{f(g['p99_stall_over_whole'])}" + "".join(
             f(g[f"median_{k}"]) for k in ("own_ms", "stall_ms", "stall_before_ms", "pause_ms", "flush_ms",
                                           "update_wall_ms", "continue_ms", "stall_after_ms")))

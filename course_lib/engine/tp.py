@@ -24,6 +24,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -389,7 +390,7 @@ class TPEngine(Engine):
         # wait on workers that wait on it (each worker leaves the group before it exits).
         # The teardown runs on a thread with a limit, so a dead or hung worker can never
         # hang close(); the group is then left as it is (the process is ending anyway).
-        left = self._leave_group(timeout_s=60.0) if dist.is_initialized() else True
+        left, error = self._leave_group(timeout_s=60.0) if dist.is_initialized() else (True, None)
         codes = []
         for proc in self._workers:
             try:
@@ -398,15 +399,16 @@ class TPEngine(Engine):
                 proc.kill()
                 codes.append(wait_for_exit(proc, timeout=10.0))
         torch.set_num_threads(self._saved_threads)
+        if error is not None:  # raised only now: the workers have been waited for first
+            raise error
         if not left:
             raise WorkerError("rank 0 could not leave the process group within 60 s (a worker did not take "
                               f"part; worker exit codes {codes})")
         return codes
 
-    def _leave_group(self, timeout_s: float) -> bool:
-        """``destroy_process_group`` on a thread, waited for at most ``timeout_s``; whether it ended."""
-        import threading
-
+    def _leave_group(self, timeout_s: float) -> tuple[bool, BaseException | None]:
+        """``destroy_process_group`` on a thread, waited for at most ``timeout_s``: whether
+        it ended, and what it raised."""
         errors: list[BaseException] = []
 
         def leave():
@@ -418,9 +420,7 @@ class TPEngine(Engine):
         t = threading.Thread(target=leave, name="tp-leave-group", daemon=True)
         t.start()
         t.join(timeout_s)
-        if errors:
-            raise errors[0]
-        return not t.is_alive()
+        return not t.is_alive(), (errors[0] if errors else None)
 
     def __enter__(self) -> "TPEngine":
         return self
