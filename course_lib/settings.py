@@ -6,6 +6,7 @@
 | ``COURSE_LIB_READ_THREADS`` | threads the pinned disk reader reads a segment with; ``0``: the default | ``min(16, CPU count)`` |
 | ``COURSE_LIB_READ_CHUNK_MB`` | the pinned disk reader's segment (and pinned buffer) size, in MiB | ``64`` |
 | ``COURSE_LIB_PINNED_READER`` | ``0``: read checkpoints to a GPU the plain way, not through the pinned reader | on |
+| ``COURSE_LIB_DISK_READER`` | which reader a disk update to a GPU uses: ``own`` (the pinned reader), ``instanttensor`` (the optional package; an error without it) or ``auto`` (InstantTensor when installed) | ``own`` |
 | ``COURSE_LIB_COPY_PLAN`` | ``0``: unquantized one-rank updates take the general loaders, not the copy plan | on |
 | ``COURSE_LIB_FUSED_KERNELS`` | ``0``: the GPU forward pass runs plain torch ops, not the fused Triton kernels (``layers/fused.py``); ``interpret``: the fused kernels also on the CPU, through Triton's interpreter (tests) | on |
 | ``COURSE_LIB_DIRECT_QUANT`` | ``0``: quantized updates take the general path, not the direct requantization | on |
@@ -76,6 +77,16 @@ def read_chunk_bytes() -> int:
 def pinned_reader() -> bool:
     """False when ``COURSE_LIB_PINNED_READER=0``."""
     return _switch("COURSE_LIB_PINNED_READER")
+
+
+def disk_reader() -> str:
+    """``COURSE_LIB_DISK_READER``: "own" (default), "instanttensor" or "auto". Not "auto" by
+    default: on the H200 InstantTensor's ring (outside torch's allocator) took a disk
+    update past its memory bound at ~8B, and it was slower at ~1.7B (results/README.md)."""
+    value = _raw("COURSE_LIB_DISK_READER") or "own"
+    if value not in ("auto", "own", "instanttensor"):
+        raise SettingsError(f"COURSE_LIB_DISK_READER={value!r}: use auto, own or instanttensor")
+    return value
 
 
 def copy_plan() -> bool:

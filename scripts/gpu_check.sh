@@ -5,6 +5,8 @@
 #   bash scripts/gpu_check.sh          tests + judge + benchmarks at ~0.6B / ~1.7B
 #   bash scripts/gpu_check.sh tests    tests and the judge only (no benchmarks)
 #   bash scripts/gpu_check.sh large    the ~8B decode and update benchmarks only
+#   bash scripts/gpu_check.sh update   every CUDA test, then every update path at ~1.7B (bench update)
+#   bash scripts/gpu_check.sh update-large  every update path at ~8B
 #   bash scripts/gpu_check.sh large-hot  the ~8B restart-vs-hot benchmark and the disk reader sweep
 #                                      (each "large" call stays under ten minutes)
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
@@ -101,6 +103,19 @@ if [ "${1:-}" = "serving" ]; then
         | grep -v "it/s]" | tee "$out/hot_vs_cold_qwen3-8b.log" || status=1
     python -m course_lib.bench update --preset qwen3-8b --parts loop inproc --json "$out/update_inproc_qwen3-8b.json" 2>&1 \
         | grep -v "it/s]" | tee "$out/update_inproc_qwen3-8b.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "update" ]; then  # every update path at ~1.7B (InstantTensor beside the disk path when installed)
+    python -m pytest -m cuda -p no:cacheprovider -q -rfEs --continue-on-collection-errors \
+        > "$out/pytest_cuda.log" 2>&1 || status=1
+    grep -E "passed|failed|^FAILED|^ERROR|^SKIPPED" "$out/pytest_cuda.log" | tail -40
+    python -m course_lib.bench update --preset qwen3-1.7b --bucket-mb 512 --json "$out/update_qwen3-1.7b.json" 2>&1 \
+        | grep -v "it/s]" | tee "$out/update_qwen3-1.7b.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "update-large" ]; then  # the same at ~8B (one call: under ten minutes)
+    python -m course_lib.bench update --preset qwen3-8b --bucket-mb 1024 --json "$out/update_qwen3-8b.json" 2>&1 \
+        | grep -v "it/s]" | tee "$out/update_qwen3-8b.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "large" ]; then

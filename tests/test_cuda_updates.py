@@ -76,9 +76,13 @@ def test_rebinding_is_invisible_to_a_captured_graph_and_the_audit_catches_it(ckp
     assert before  # the engine did serve before the bug
 
 
-def test_pinned_reader_reads_exactly_what_the_cpu_reader_reads(make_ckpt, monkeypatch):
-    from course_lib.weights import pinned_reader
+@pytest.mark.parametrize("disk_reader", ["own", "instanttensor"])
+def test_pinned_reader_reads_exactly_what_the_cpu_reader_reads(make_ckpt, monkeypatch, disk_reader):
+    from course_lib.weights import instanttensor_reader, pinned_reader
     from course_lib.weights.checkpoint import CheckpointReader
+    if disk_reader == "instanttensor" and instanttensor_reader.unavailable("cuda"):
+        pytest.skip(instanttensor_reader.unavailable("cuda"))
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", disk_reader)
     monkeypatch.setattr(pinned_reader, "CHUNK_BYTES", 4096)  # every tensor spans several chunks
     ckpt = make_ckpt("small", seed=53, max_shard_size=200_000, torch_dtype="bfloat16")
     reader = CheckpointReader(ckpt)

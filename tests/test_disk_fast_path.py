@@ -11,7 +11,7 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights import checkpoint, pinned_reader, rollback
+from course_lib.weights import checkpoint, instanttensor_reader, pinned_reader, rollback
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, write_checkpoint
 from course_lib.weights.layerwise import layer_key
 from course_lib.weights.pinned_reader import iter_safetensors_to_gpu, plan_segments
@@ -223,27 +223,48 @@ def gpu_ckpts(make_ckpt):
     return make_ckpt("small", seed=64, **GPU_SHAPE), make_ckpt("small", seed=65, **GPU_SHAPE)
 
 
-def count_pinned_reads(monkeypatch):
-    calls = []
-    real = checkpoint.iter_safetensors_to_gpu
+@pytest.fixture(params=["own", "instanttensor"])
+def disk_reader(request, monkeypatch):
+    """Each GPU disk case runs through the engine's own reader and through InstantTensor
+    (the optional package; the case is skipped, and says why, where it is not installed)."""
+    if request.param == "instanttensor":
+        why = instanttensor_reader.unavailable("cuda")
+        if why:
+            pytest.skip(why)
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", request.param)
+    return request.param
 
-    def spy(file, wanted, device, identity=None):
-        calls.append((str(device), identity))
-        return real(file, wanted, device, identity)
-    monkeypatch.setattr(checkpoint, "iter_safetensors_to_gpu", spy)
+
+def count_gpu_reads(monkeypatch, reader):
+    """Spy on the reader ``reader`` names: a list that gets (device, identity) per call."""
+    calls = []
+    if reader == "own":
+        real = checkpoint.iter_safetensors_to_gpu
+
+        def spy(file, wanted, device, identity=None):
+            calls.append((str(device), identity))
+            return real(file, wanted, device, identity)
+        monkeypatch.setattr(checkpoint, "iter_safetensors_to_gpu", spy)
+    else:
+        real_it = instanttensor_reader.iter_with_instanttensor
+
+        def spy_it(files, wanted, device, identities):
+            calls.append((str(device), [identities.get(f) for f in files][0]))
+            return real_it(files, wanted, device, identities)
+        monkeypatch.setattr(instanttensor_reader, "iter_with_instanttensor", spy_it)
     return calls
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("quantization", [None, "int8", "fp8"], ids=["bf16", "int8", "fp8"])
-def test_pinned_disk_update_is_hot_equals_cold_under_graphs(gpu_ckpts, monkeypatch, quantization):
+def test_pinned_disk_update_is_hot_equals_cold_under_graphs(gpu_ckpts, monkeypatch, quantization, disk_reader):
     a, b = gpu_ckpts
     engine = Engine(a, device="cuda", quantization=quantization, enable_cuda_graph=True)
-    calls = count_pinned_reads(monkeypatch)
+    calls = count_gpu_reads(monkeypatch, disk_reader)
     for target in (b, a, b):
         before = len(calls)
         engine.update_weights_from_disk(target)
-        # One pinned read per update, with the validated identity (the cold engines below read too).
+        # One read per update (one file), with the validated identity (the cold engines below read too).
         assert len(calls) == before + 1 and calls[-1][1] is not None, calls
         assert_addresses_unchanged(engine)
         assert_hot_equals_cold(engine, target, PROMPTS, max_new_tokens=8)
@@ -251,7 +272,8 @@ def test_pinned_disk_update_is_hot_equals_cold_under_graphs(gpu_ckpts, monkeypat
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("quantization", [None, "int8"])
-def test_nan_in_a_later_layer_on_the_gpu_restores_the_written_layers(gpu_ckpts, tmp_path, quantization):
+def test_nan_in_a_later_layer_on_the_gpu_restores_the_written_layers(gpu_ckpts, tmp_path, quantization,
+                                                                     disk_reader):
     a, b = gpu_ckpts
     engine = Engine(a, device="cuda", quantization=quantization, enable_cuda_graph=True)
     engine.update_weights_from_disk(b)  # the pinned rollback slabs exist now: the reused ones are tested
@@ -266,7 +288,10 @@ def test_nan_in_a_later_layer_on_the_gpu_restores_the_written_layers(gpu_ckpts, 
 
 
 @pytest.mark.cuda
-def test_gpu_extra_memory_is_one_layer_plus_the_ring(gpu_ckpts):
+def test_gpu_extra_memory_is_one_layer_plus_the_ring(gpu_ckpts, disk_reader):
+    """torch's peak above the start: one layer plus the own reader's ring; through
+    InstantTensor its ring is outside torch's counters, so torch sees one layer and the
+    tensors InstantTensor hands out (their copies out of its ring)."""
     a, b = gpu_ckpts
     engine = Engine(a, device="cuda", enable_cuda_graph=True)
     engine.update_weights_from_disk(b)
@@ -278,6 +303,8 @@ def test_gpu_extra_memory_is_one_layer_plus_the_ring(gpu_ckpts):
         layers[key] = layers.get(key, 0) + torch.Size(shape).numel() * dtype.itemsize
     bound = max(layers.values()) + 2 * pinned_reader.CHUNK_BYTES
     assert 0 < memory["gpu_peak_extra_bytes"] <= bound, (memory, max(layers.values()))
+    if disk_reader == "instanttensor":
+        assert 0 < instanttensor_reader.last_ring_bytes, "the ring's size is known (the benchmark adds it)"
 
 
 @pytest.mark.cuda
@@ -299,7 +326,7 @@ def test_check_finite_on_the_gpu_one_pass_no_copy(dtype):
 
 
 @pytest.mark.cuda
-def test_gpu_reader_refuses_a_file_replaced_after_validation(gpu_ckpts, tmp_path):
+def test_gpu_reader_refuses_a_file_replaced_after_validation(gpu_ckpts, tmp_path, disk_reader):
     a, b = gpu_ckpts
     new = shutil.copytree(b, tmp_path / "new")
     reader = CheckpointReader(new)
@@ -308,3 +335,45 @@ def test_gpu_reader_refuses_a_file_replaced_after_validation(gpu_ckpts, tmp_path
     os.replace(tmp_path / "other", new / "model.safetensors")
     with pytest.raises(CheckpointError, match="changed since it was validated"):
         next(reader.iter_tensors(device="cuda"))
+
+
+@pytest.mark.cuda
+def test_instanttensor_reader_refuses_a_file_changed_while_it_is_read(gpu_ckpts, tmp_path, monkeypatch):
+    """After the first tensor was handed out the file's modification time changes (as a
+    rewrite in place changes it): the next tensor is refused, whatever InstantTensor read
+    already. (The own reader checks once per segment: its case is on the CPU, above.)"""
+    why = instanttensor_reader.unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", "instanttensor")
+    a, _ = gpu_ckpts
+    new = shutil.copytree(a, tmp_path / "new")
+    reader = CheckpointReader(new)
+    reader.metadata()
+    tensors = reader.iter_tensors(device="cuda")
+    next(tensors)
+    st = os.stat(new / "model.safetensors")
+    os.utime(new / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(CheckpointError, match="changed while being read"):
+        for _ in tensors:
+            pass
+
+
+def test_disk_reader_setting_and_fallback(monkeypatch):
+    """The own reader by default; ``auto`` takes it where InstantTensor cannot read (a CPU
+    device, or the package missing); asking for InstantTensor there is an error that says
+    why; an unknown value is refused naming the variable."""
+    from course_lib import settings
+    monkeypatch.delenv("COURSE_LIB_DISK_READER", raising=False)
+    assert settings.disk_reader() == "own"
+    assert instanttensor_reader.reader_name("cuda") == "own"
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", "auto")
+    assert instanttensor_reader.reader_name("cpu") == "own"
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", "own")
+    assert instanttensor_reader.reader_name("cuda") == "own"
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", "instanttensor")
+    with pytest.raises(CheckpointError, match="COURSE_LIB_DISK_READER=instanttensor, but InstantTensor reads to CUDA"):
+        instanttensor_reader.reader_name("cpu")
+    monkeypatch.setenv("COURSE_LIB_DISK_READER", "fastest")
+    with pytest.raises(settings.SettingsError, match="COURSE_LIB_DISK_READER='fastest'"):
+        settings.disk_reader()

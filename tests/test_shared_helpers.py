@@ -226,7 +226,8 @@ def test_grouper_is_linear():
 
 VARIABLES = ("COURSE_LIB_API_KEY", "COURSE_LIB_READ_THREADS", "COURSE_LIB_READ_CHUNK_MB", "COURSE_LIB_PINNED_READER",
              "COURSE_LIB_COPY_PLAN", "COURSE_LIB_DIRECT_QUANT", "COURSE_LIB_REGISTERED_COPY",
-             "COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "COURSE_LIB_MAX_STORAGE_BYTES", "COURSE_LIB_FUSED_KERNELS")
+             "COURSE_LIB_GROUP_CONNECT_TIMEOUT_S", "COURSE_LIB_MAX_STORAGE_BYTES", "COURSE_LIB_FUSED_KERNELS",
+             "COURSE_LIB_DISK_READER")
 
 
 @pytest.fixture
@@ -245,6 +246,7 @@ def test_settings_defaults(clean_env):
     assert settings.group_connect_timeout_s() == 30.0 == dist.connect_timeout_s()
     assert settings.max_storage_bytes() == 64 << 30
     assert settings.fused_kernels() == "on"
+    assert settings.disk_reader() == "own"
 
 
 def test_settings_are_read_when_called(clean_env):

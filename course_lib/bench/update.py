@@ -19,7 +19,8 @@ Measured in one run, on the same checkpoint:
 - registered buffers (the same trainer, registering once, then sending bucket numbers),
   so the two ways a trainer can push its weights stand side by side;
 - disk: ``update_weights_from_disk`` from a page-cached checkpoint, layer by layer and
-  with full staging;
+  with full staging, through the engine's own reader; layer by layer through InstantTensor
+  too, when that optional package is installed (``COURSE_LIB_DISK_READER``);
 - InstantTensor's ``safe_open`` (its buffered backends) reading the same files to the
   GPU, when that optional package is installed, with the disk path's ratio to it;
 - transformers' ``model.load_state_dict(load_file(...))`` on the same files, when
@@ -37,11 +38,11 @@ import time
 import torch
 from tqdm import tqdm
 
-from course_lib import Engine
+from course_lib import Engine, settings
 from course_lib.bench import run_header, save_json
 from course_lib.config import is_cuda
 from course_lib.layers.quant import kernel_tensors
-from course_lib.weights import registered
+from course_lib.weights import instanttensor_reader, registered
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.layerwise import layer_key
 from course_lib.weights.transports import trainer
@@ -248,8 +249,11 @@ def instanttensor_load(path, device: str) -> dict:
     files = sorted({str(f) for f in reader.files.values()})
     dest = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in reader.metadata().items()}
 
+    dev = torch.device(device)
+    dev = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())  # it needs a number
+
     def load():
-        with safe_open(files, framework="pt", device=torch.device(device), copy=False,
+        with safe_open(files, framework="pt", device=dev, copy=False,
                        backend=BackendPolicy.BUFFERED) as f:
             for name, t in f.tensors():
                 dest[name].copy_(t)  # the yielded tensor is valid until the next one
@@ -271,7 +275,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     device, gpu = args.device, is_cuda(args.device)
     res = run_header("update", device, preset=args.preset, bucket_mb=args.bucket_mb)
-    steps = tqdm(total=6, desc="update benchmark")
+    steps = tqdm(total=5, desc="update benchmark")
     res["bucket_bytes"] = args.bucket_mb << 20
     with tempfile.TemporaryDirectory() as tmp:
         a = make_random(f"{tmp}/a", args.preset, seed=1, device=device if gpu else "cpu")
@@ -294,13 +298,22 @@ def main(argv=None) -> dict:
                                                            compare_modes=True)
             engine.update_weights_from_disk(b, staging="full")  # back to b for the disk runs' first step
         steps.update()
-        for staging in ("layer", "full") if "disk" in args.parts else ():
-            engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
-            t0 = time.perf_counter()
-            r = engine.update_weights_from_disk(b, staging=staging)
-            res[f"disk_{staging}"] = {"gbps": nbytes / (time.perf_counter() - t0) / 1e9,
-                                      "timings_ms": r["timings_ms"], "memory": r.get("memory")}
-            steps.update()
+        disk_rows = [("layer", "own"), ("full", "own")]
+        if gpu and instanttensor_reader.unavailable(device) is None:
+            disk_rows.insert(1, ("layer", "instanttensor"))  # the same update through the optional reader
+        for staging, reader_choice in disk_rows if "disk" in args.parts else ():
+            key = f"disk_{staging}" + ("_instanttensor" if reader_choice == "instanttensor" else "")
+            with settings.overridden("COURSE_LIB_DISK_READER", reader_choice):
+                engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
+                t0 = time.perf_counter()
+                r = engine.update_weights_from_disk(b, staging=staging)
+            res[key] = {"gbps": nbytes / (time.perf_counter() - t0) / 1e9, "reader": reader_choice,
+                        "timings_ms": r["timings_ms"], "memory": dict(r.get("memory") or {})}
+            if reader_choice == "instanttensor" and "gpu_peak_extra_bytes" in res[key]["memory"]:
+                ring = instanttensor_reader.last_ring_bytes  # cudaMalloc'ed: torch's peak does not see it
+                res[key]["memory"]["instanttensor_ring_bytes"] = ring
+                res[key]["memory"]["gpu_peak_extra_bytes"] += ring
+        steps.update()
         res["largest_layer_bytes"] = largest_layer_bytes(reader)
         del engine
         if "instanttensor" in args.parts:  # the same page-cached files as the disk rows
@@ -347,10 +360,11 @@ def report(r: dict) -> None:
         rows.append((f"registered copy mode {mode!r}", gbps, copy, "copy"))
     for q, gbps in r.get("in_process_gbps", {}).items():
         rows.append((f"in-process from device tensors, {'unquantized' if q == 'None' else q}", gbps, copy, "copy"))
-    for staging in ("layer", "full"):
-        if f"disk_{staging}" in r:
-            rows.append((f"disk, {'layer by layer' if staging == 'layer' else 'full staging'}",
-                         r[f"disk_{staging}"]["gbps"], h2d, "pinned H2D"))
+    for key, label in (("disk_layer", "disk, layer by layer"),
+                       ("disk_layer_instanttensor", "disk, layer by layer, InstantTensor reader"),
+                       ("disk_full", "disk, full staging")):
+        if key in r:
+            rows.append((label, r[key]["gbps"], h2d, "pinned H2D"))
     it = r.get("instanttensor") or {}
     if "gbps" in it:
         rows.append(("InstantTensor safe_open (buffered) to the GPU", it["gbps"], h2d, "pinned H2D"))
@@ -371,16 +385,19 @@ def report(r: dict) -> None:
         if "registered" in r:
             print(f"  SGLang-style buckets / registered (2 buffers), engine side: "
                   f"{r['ipc']['engine_gbps'] / r['registered']['engine_gbps']:.2f}")
-    if "gbps" in it and "disk_layer" in r:
-        print(f"  disk layer by layer / InstantTensor, same files, same run: {r['disk_layer']['gbps'] / it['gbps']:.2f}")
+    for key, label in (("disk_layer", "own reader"), ("disk_layer_instanttensor", "InstantTensor reader")):
+        if "gbps" in it and key in r:
+            print(f"  disk layer by layer ({label}) / InstantTensor loading, same files, same run: "
+                  f"{r[key]['gbps'] / it['gbps']:.2f}")
     if r.get("transformers_gbps") and "disk_layer" in r:
         print(f"  transformers load_state_dict(load_file) {r['transformers_gbps']:8.1f} GB/s; "
               f"disk layer-by-layer is {r['disk_layer']['gbps'] / r['transformers_gbps']:.1f}x that")
-    extra = ((r.get("disk_layer") or {}).get("memory") or {}).get("gpu_peak_extra_bytes")
-    if extra is not None and "largest_layer_bytes" in r:
-        bound = r["largest_layer_bytes"] + 2 * r["bucket_bytes"]
-        print(f"  extra GPU memory during a disk update {extra / 1e9:.2f} GB = {extra / bound:.2f}x "
-              f"(largest layer {r['largest_layer_bytes'] / 1e9:.2f} GB + 2 buckets)")
+    for key, label in (("disk_layer", "own reader"), ("disk_layer_instanttensor", "InstantTensor reader")):
+        extra = ((r.get(key) or {}).get("memory") or {}).get("gpu_peak_extra_bytes")
+        if extra is not None and "largest_layer_bytes" in r:
+            bound = r["largest_layer_bytes"] + 2 * r["bucket_bytes"]
+            print(f"  extra GPU memory during a disk update ({label}) {extra / 1e9:.2f} GB = {extra / bound:.2f}x "
+                  f"(largest layer {r['largest_layer_bytes'] / 1e9:.2f} GB + 2 buckets)")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from course_lib import settings
 from course_lib.config import ConfigError, ModelConfig
 from course_lib.models.qwen3 import hf_tensor_shapes
+from course_lib.weights import instanttensor_reader
 from course_lib.weights.pinned_reader import iter_safetensors_to_gpu
 from course_lib.weights.random_checkpoint import (PRESETS, make_random, preset, random_state_dict, random_tensor,
                                                   write_checkpoint)
@@ -137,6 +138,14 @@ class CheckpointReader:
         wanted = None if names is None else set(names)
         if (self.format == "safetensors" and torch.device(device).type == "cuda"
                 and settings.pinned_reader()):
+            if instanttensor_reader.reader_name(device) == "instanttensor":  # optional, same checks
+                try:
+                    yield from instanttensor_reader.iter_with_instanttensor(self._unique_files(), wanted, device,
+                                                                            self._identity)
+                    return
+                except instanttensor_reader.InstantTensorRefused:  # raised before any tensor was handed out
+                    if settings.disk_reader() == "instanttensor":
+                        raise
             for file in self._unique_files():  # the same identity checks as the plain path below
                 yield from iter_safetensors_to_gpu(file, wanted, device, self._identity.get(file))
             return
