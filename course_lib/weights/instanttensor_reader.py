@@ -12,11 +12,17 @@ what a loader does not, and this module adds it around InstantTensor's ``safe_op
   open, and before each tensor is handed on, the file must not have changed since
   (``check_unchanged``): the same refusals as the engine's own reader (``pinned_reader.py``);
 - each tensor's dtype and shape are compared with the header the update validated;
-- each tensor handed out owns its memory (cloned out of the ring on the device, at
-  device-copy speed, and not referenced here once handed out), because the layer-by-layer reload holds a layer's tensors until the
+- each tensor handed out owns its memory (InstantTensor's ``copy=True``: a copy out of
+  the ring on the device, at device-copy speed), because the layer-by-layer reload holds a layer's tensors until the
   layer is complete; so extra memory is InstantTensor's ring plus what the caller holds.
   The ring is allocated with ``cudaMalloc``, outside torch's allocator and its memory
   counters: ``last_ring_bytes`` says how large the last one was (the benchmark adds it).
+  Measured on the H200 at ~8B (results/h200-2026-12-02d/): the ring was as large as the
+  largest tensor (1.24 GB) and torch's peak above the start 2.5 GB, two of the largest
+  tensors where the own reader's is one (likely: InstantTensor's generator still holds
+  the tensor it handed out last while it copies the next; not yet confirmed): 3.74 GB in
+  all against 1.25 GB, past the disk update's bound, one reason this reader is not the
+  default.
 
 Which reader a disk update uses is ``COURSE_LIB_DISK_READER`` (``settings.disk_reader``):
 without the package the engine's own reader runs, whatever the setting asks, and says so
@@ -25,7 +31,6 @@ in ``reader_name``. ``python -m course_lib.bench update`` measures both side by 
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -97,11 +102,9 @@ def iter_with_instanttensor(files: list[Path], wanted: set[str] | None, device,
         if device.index is None:  # InstantTensor needs the device's number
             device = torch.device("cuda", torch.cuda.current_device())
         try:
-            with warnings.catch_warnings():  # its note that views must be used at once: they are (cloned below)
-                warnings.simplefilter("ignore", UserWarning)
-                opened_reader = safe_open([str(f) for f in files if any(owner[n] == f for n in names)],
-                                          framework="pt", device=device, copy=False, backend=backends,
-                                          tensor_filter=names, tensor_name_match_mode="exact")
+            opened_reader = safe_open([str(f) for f in files if any(owner[n] == f for n in names)], framework="pt",
+                                      device=device, copy=True, backend=backends,
+                                      tensor_filter=names, tensor_name_match_mode="exact")
         except (ValueError, RuntimeError, TypeError) as exc:  # e.g. tensors not stored back to back
             raise InstantTensorRefused(f"InstantTensor cannot read these files ({exc})") from exc
         with opened_reader as reader:
@@ -110,23 +113,17 @@ def iter_with_instanttensor(files: list[Path], wanted: set[str] | None, device,
                 if file_identity(file) != start:
                     raise CheckpointError(f"{file}: replaced while the update opened it")
             seen = 0
-            for name, view in reader.tensors():  # a view of the ring, valid until the next one
+            for name, tensor in reader.tensors():
                 if name not in expected:
                     raise CheckpointError(f"InstantTensor returned {name!r}, which the update did not ask for")
                 file = owner[name]
                 check_unchanged(opened[file][0], file, opened[file][1])
                 dtype, shape = expected[name]
-                if view.dtype != dtype or tuple(view.shape) != tuple(shape):
-                    raise CheckpointError(f"{file}: {name} read as {view.dtype} {tuple(view.shape)}, "
+                if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+                    raise CheckpointError(f"{file}: {name} read as {tensor.dtype} {tuple(tensor.shape)}, "
                                           f"but its header says {dtype} {tuple(shape)}")
                 seen += 1
-                # Cloned here, not by InstantTensor (copy=True): its generator keeps the last
-                # tensor it handed out alive while it clones the next, two of the largest at
-                # once; here only the caller holds what it was given.
-                tensor = view.clone()
-                del view
                 yield name, tensor
-                del tensor
             if seen != len(names):
                 raise CheckpointError(f"InstantTensor returned {seen} of the {len(names)} tensors asked for")
     except OSError as exc:
