@@ -5,6 +5,8 @@
 #   bash scripts/gpu_check.sh          tests + judge + benchmarks at ~0.6B / ~1.7B
 #   bash scripts/gpu_check.sh tests    tests and the judge only (no benchmarks)
 #   bash scripts/gpu_check.sh large    the ~8B decode and update benchmarks only
+#   bash scripts/gpu_check.sh two-gpu  (two GPUs) tests/test_tp.py, then the NCCL trainer -> engine broadcast
+#                                      against a raw NCCL broadcast at ~1.7B and ~8B (exit 3 with fewer GPUs)
 #   bash scripts/gpu_check.sh update   every CUDA test, then every update path at ~1.7B (bench update)
 #   bash scripts/gpu_check.sh update-large  every update path at ~8B
 #   bash scripts/gpu_check.sh large-hot  the ~8B restart-vs-hot benchmark and the disk reader sweep
@@ -103,6 +105,20 @@ if [ "${1:-}" = "serving" ]; then
         | grep -v "it/s]" | tee "$out/hot_vs_cold_qwen3-8b.log" || status=1
     python -m course_lib.bench update --preset qwen3-8b --parts loop inproc --json "$out/update_inproc_qwen3-8b.json" 2>&1 \
         | grep -v "it/s]" | tee "$out/update_inproc_qwen3-8b.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "two-gpu" ]; then  # issue "Two GPUs": the TP=2 tests, then trainer -> engine over NCCL against raw NCCL
+    gpus=$(nvidia-smi -L | wc -l)
+    if [ "$gpus" -lt 2 ]; then
+        echo "two-gpu: this machine has $gpus GPU(s); the two-GPU tests and benchmarks need 2" | tee "$out/two_gpu_skipped.txt"
+        exit 3
+    fi
+    timeout 300 python -m pytest -p no:cacheprovider -q -rfEs tests/test_tp.py -o faulthandler_timeout=240 \
+        2>&1 | tee "$out/pytest_tp.log" || status=1
+    for preset in qwen3-1.7b qwen3-8b; do
+        python -m course_lib.bench transports --two-gpus --broadcast-preset $preset --bucket-mb 512 \
+            --json "$out/broadcast_nccl_$preset.json" 2>&1 | grep -v "it/s]" | tee "$out/broadcast_nccl_$preset.log" || status=1
+    done
     exit $status
 fi
 if [ "${1:-}" = "update" ]; then  # every update path at ~1.7B (InstantTensor beside the disk path when installed)

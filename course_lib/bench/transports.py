@@ -11,7 +11,11 @@
     python -m course_lib.bench transports --json out.json
 
 Runs on the CPU (gloo) as well as a GPU; a broadcast between GPUs needs two of them, so on
-a single-GPU machine the broadcast part runs over gloo from host memory.
+a single-GPU machine the broadcast part runs over gloo from host memory. With ``--two-gpus``
+(a machine with two): only the broadcast, over NCCL, the trainer and the raw sender on
+``cuda:0``, the engine and the raw receiver on ``cuda:1``:
+
+    python -m course_lib.bench transports --two-gpus --broadcast-preset qwen3-1.7b --bucket-mb 512
 """
 from __future__ import annotations
 
@@ -46,14 +50,17 @@ BROADCAST_MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536,
                        num_attention_heads=8, num_key_value_heads=4, head_dim=64)
 
 
-def raw_broadcast_sender(port: int, sizes: list[int], ready) -> None:
-    """Rank 0 of a plain gloo group: one warm-up broadcast, then one per bucket size."""
-    trainer.share_cores("cpu")
-    group, _store = dist_transport.new_group("127.0.0.1", port, 0, 2, "raw", "gloo")
-    dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8)).wait()
-    buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+def raw_broadcast_sender(port: int, sizes: list[int], ready, backend: str = "gloo", device: str = "cpu") -> None:
+    """Rank 0 of a plain group: one warm-up broadcast, then one per bucket size."""
+    trainer.share_cores(device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's communicator lives on the current device
+    group, _store = dist_transport.new_group("127.0.0.1", port, 0, 2, "raw", backend)
+    dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8, device=device)).wait()
+    buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
     ready.put(True)
     pipelined(group, buffers)
+    sync(device)
 
 
 def pipelined(group, buffers, in_flight: int = 2) -> None:
@@ -67,30 +74,34 @@ def pipelined(group, buffers, in_flight: int = 2) -> None:
         work.wait()
 
 
-def raw_broadcast(sizes: list[int]) -> float:
+def raw_broadcast(sizes: list[int], backend: str = "gloo", sender_device: str = "cpu", device: str = "cpu") -> float:
     """GB/s of broadcasting buffers of ``sizes`` bytes from another process, two in flight
-    (as the trainer sends them), with nothing else done to them."""
+    (as the trainer sends them), with nothing else done to them (received on ``device``)."""
     port, ready = free_port(), CTX.Queue()
-    child = CTX.Process(target=raw_broadcast_sender, args=(port, sizes, ready))
+    child = CTX.Process(target=raw_broadcast_sender, args=(port, sizes, ready, backend, sender_device))
     child.start()
-    group, _store = dist_transport.new_group("127.0.0.1", port, 1, 2, "raw", "gloo")
-    dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8)).wait()
+    group, _store = dist_transport.new_group("127.0.0.1", port, 1, 2, "raw", backend)
+    dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8, device=device)).wait()
+    sync(device)
     ready.get(timeout=120)
-    buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
     t0 = time.perf_counter()
     pipelined(group, buffers)
+    sync(device)  # an NCCL wait only orders the stream: the bytes have arrived once it is done
     seconds = time.perf_counter() - t0
     trainer.wait_for_exit(child)
     return sum(sizes) / seconds / 1e9
 
 
-def broadcast_update(engine: Engine, path, bucket_bytes: int) -> dict:
+def broadcast_update(engine: Engine, path, bucket_bytes: int, backend: str = "gloo",
+                     trainer_device: str = "cpu") -> dict:
     """A trainer process broadcasts ``path``; GB/s of the engine's receive-and-load."""
     port, announcements, results = free_port(), CTX.Queue(), CTX.Queue()
     child = CTX.Process(target=trainer.push_broadcast, args=(path, port, announcements, bucket_bytes),
-                        kwargs={"results": results, "group_name": "bench"})
+                        kwargs={"results": results, "group_name": "bench", "backend": backend,
+                                "device": trainer_device})
     child.start()
-    engine.init_weights_update_group("127.0.0.1", port, 1, 2, "bench", "gloo")
+    engine.init_weights_update_group("127.0.0.1", port, 1, 2, "bench", backend)
     engine.pause_generation("abort")
     nbytes, sizes, engine_s = 0, [], 0.0
     first = announcements.get(timeout=120)
@@ -135,26 +146,42 @@ def main(argv=None) -> dict:
     p.add_argument("--broadcast-preset", default=None,
                    help="a preset for the broadcast part (default: a ~125 MB model of a few large tensors)")
     p.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size of the broadcast and of the A/B")
+    p.add_argument("--two-gpus", action="store_true",
+                   help="only the broadcast, over NCCL from cuda:0 (trainer) to cuda:1 (engine)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device = args.device
+    backend, trainer_device = "gloo", "cpu"
+    if args.two_gpus:
+        if torch.cuda.device_count() < 2:
+            raise SystemExit("--two-gpus needs two CUDA devices; this machine has "
+                             f"{torch.cuda.device_count()}")
+        device, backend, trainer_device = "cuda:1", "nccl", "cuda:0"
+        torch.cuda.set_device(device)
     bucket_bytes = int(args.bucket_mb * (1 << 20))
     res = run_header("transports", device, bucket_bytes=bucket_bytes)
-    steps = tqdm(total=4 + len(SWEEP), desc="transports benchmark")
+    res["broadcast_backend"] = backend
+    steps = tqdm(total=2 if args.two_gpus else 4 + len(SWEEP), desc="transports benchmark")
     with tempfile.TemporaryDirectory() as tmp:
         # 1. Broadcast: engine update against the raw wire, same buckets, same two processes.
         model = args.broadcast_preset or preset("small", **BROADCAST_MODEL)
         a = make_random(f"{tmp}/a", model, seed=1)
         b = make_random(f"{tmp}/b", model, seed=2)
         engine = Engine(a, device=device)
-        res["broadcast"] = broadcast_update(engine, b, bucket_bytes)
+        res["broadcast"] = broadcast_update(engine, b, bucket_bytes, backend, trainer_device)
         steps.update()
-        res["broadcast"]["raw_gbps"] = raw_broadcast(res["broadcast"]["bucket_sizes"])
+        res["broadcast"]["raw_gbps"] = raw_broadcast(res["broadcast"]["bucket_sizes"], backend, trainer_device,
+                                                     device if backend == "nccl" else "cpu")
         res["broadcast"]["of_raw"] = res["broadcast"]["gbps"] / res["broadcast"]["raw_gbps"]
         res["broadcast"]["preset"] = args.broadcast_preset or "125 MB, 8 layers"
         res["broadcast"]["checkpoint_bytes"] = CheckpointReader(b).nbytes()
         steps.update()
         del engine
+        if args.two_gpus:
+            steps.close()
+            report(res)
+            save_json(res, args.json)
+            return res
         # 2. and 3. Many small tensors: per-tensor calls, buckets, and a sweep of bucket sizes.
         config = preset("small", **MANY_SMALL)
         folder = Path(tmp) / "many"
@@ -187,11 +214,15 @@ def main(argv=None) -> dict:
 
 
 def report(r: dict) -> None:
-    b, m = r["broadcast"], r["many_small"]
+    b = r["broadcast"]
     print(f"\ntransports on {r['hardware']} ({r['device']}), {r['date']}")
-    print(f"  broadcast update, {b['preset']} ({b['bytes'] / 1e6:.1f} MB in {b['buckets']} buckets)  "
+    print(f"  broadcast update over {r.get('broadcast_backend', 'gloo')}, {b['preset']} ({b['bytes'] / 1e6:.1f} MB "
+          f"in {b['buckets']} buckets)  "
           f"{b['gbps']:7.2f} GB/s = {b['of_raw']:.0%} of a raw broadcast of the same buckets ({b['raw_gbps']:.2f} GB/s); "
           f"inside the engine's calls {b['engine_side_gbps']:.2f} GB/s")
+    if "many_small" not in r:
+        return
+    m = r["many_small"]
     print(f"  many small tensors ({m['tensors']}, {m['bytes'] / 1e6:.1f} MB): per-tensor calls {m['per_tensor_gbps']:.2f} GB/s, "
           f"buckets {m['bucketed_gbps']:.2f} GB/s ({m['bucketed_over_per_tensor']:.1f}x); one flat copy {m['flat_copy_gbps']:.1f} GB/s")
     for row in r["sweep"]:
