@@ -171,4 +171,7 @@ done
 python -m course_lib.bench decode --preset qwen3-0.6b --batch 1 8 --json "$out/decode_qwen3-0.6b.json" || status=1
 python -m course_lib.bench update --preset qwen3-1.7b --bucket-mb 512 --json "$out/update_qwen3-1.7b.json" 2>&1 | grep -v "it/s]" || status=1
 python -m course_lib.bench transports --json "$out/transports.json" 2>&1 | grep -v "it/s]" || status=1
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # two GPUs here: the NCCL broadcast benchmarks too
+    OUT="$out" bash "$0" two-gpu || status=1
+fi
 exit $status
