@@ -249,7 +249,7 @@ def count_gpu_reads(monkeypatch, reader):
         real_it = instanttensor_reader.iter_with_instanttensor
 
         def spy_it(files, wanted, device, identities):
-            calls.append((str(device), [identities.get(f) for f in files][0]))
+            calls.append((str(device), identities.get(files[0])))
             return real_it(files, wanted, device, identities)
         monkeypatch.setattr(instanttensor_reader, "iter_with_instanttensor", spy_it)
     return calls

@@ -239,21 +239,16 @@ def instanttensor_load(path, device: str) -> dict:
     copied into a tensor allocated beforehand, as a loader fills a model. The page cache is
     warmed by a first read, as the disk rows' is. ``{"skipped": why}`` without the package
     or without CUDA."""
-    try:
-        from instanttensor import BackendPolicy, safe_open
-    except ImportError:
-        return {"skipped": "instanttensor is not installed (pip install instanttensor)"}
-    if not is_cuda(device):
-        return {"skipped": "InstantTensor reads to CUDA devices only"}
+    why = instanttensor_reader.unavailable(device)
+    if why:
+        return {"skipped": why}
+    from instanttensor import BackendPolicy, safe_open
     reader = CheckpointReader(path)
     files = sorted({str(f) for f in reader.files.values()})
     dest = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, dtype) in reader.metadata().items()}
 
-    dev = torch.device(device)
-    dev = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())  # it needs a number
-
     def load():
-        with safe_open(files, framework="pt", device=dev, copy=False,
+        with safe_open(files, framework="pt", device=instanttensor_reader.numbered(device), copy=False,
                        backend=BackendPolicy.BUFFERED) as f:
             for name, t in f.tensors():
                 dest[name].copy_(t)  # the yielded tensor is valid until the next one

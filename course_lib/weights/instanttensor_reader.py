@@ -63,6 +63,12 @@ def unavailable(device) -> str | None:
     return None
 
 
+def numbered(device) -> torch.device:
+    """``device`` with its index (InstantTensor needs the number: ``cuda`` is the current GPU)."""
+    device = torch.device(device)
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def reader_name(device) -> str:
     """``"instanttensor"`` or ``"own"``: the reader a disk update to ``device`` uses now."""
     choice = settings.disk_reader()
@@ -98,12 +104,9 @@ def iter_with_instanttensor(files: list[Path], wanted: set[str] | None, device,
         if not expected:
             return
         names = sorted(expected)
-        device = torch.device(device)
-        if device.index is None:  # InstantTensor needs the device's number
-            device = torch.device("cuda", torch.cuda.current_device())
         try:
-            opened_reader = safe_open([str(f) for f in files if any(owner[n] == f for n in names)], framework="pt",
-                                      device=device, copy=True, backend=backends,
+            opened_reader = safe_open(sorted({str(f) for f in owner.values()}), framework="pt",
+                                      device=numbered(device), copy=True, backend=backends,
                                       tensor_filter=names, tensor_name_match_mode="exact")
         except (ValueError, RuntimeError, TypeError) as exc:  # e.g. tensors not stored back to back
             raise InstantTensorRefused(f"InstantTensor cannot read these files ({exc})") from exc
