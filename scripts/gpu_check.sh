@@ -7,6 +7,8 @@
 #   bash scripts/gpu_check.sh large    the ~8B decode and update benchmarks only
 #   bash scripts/gpu_check.sh two-gpu  (two GPUs) tests/test_tp.py, then the NCCL trainer -> engine broadcast
 #                                      against a raw NCCL broadcast at ~1.7B and ~8B (exit 3 with fewer GPUs)
+#   bash scripts/gpu_check.sh broadcast  (one GPU) the NCCL teardown probe, then the broadcast benchmark at ~1.7B over
+#                                      gloo from host memory, three rounds: the engine's own phases per bucket
 #   bash scripts/gpu_check.sh update   every CUDA test, then every update path at ~1.7B (bench update)
 #   bash scripts/gpu_check.sh update-large  every update path at ~8B
 #   bash scripts/gpu_check.sh large-hot  the ~8B restart-vs-hot benchmark and the disk reader sweep
@@ -113,12 +115,19 @@ if [ "${1:-}" = "two-gpu" ]; then  # issue "Two GPUs": the TP=2 tests, then trai
         echo "two-gpu: this machine has $gpus GPU(s); the two-GPU tests and benchmarks need 2" | tee "$out/two_gpu_skipped.txt"
         exit 3
     fi
+    PYTHONPATH=$PWD python scripts/nccl_graph_teardown.py 2>&1 | tee "$out/nccl_graph_teardown.txt" || status=1
     timeout 300 python -m pytest -p no:cacheprovider -q -rfEs tests/test_tp.py -o faulthandler_timeout=240 \
         2>&1 | tee "$out/pytest_tp.log" || status=1
     for preset in qwen3-1.7b qwen3-8b; do
         python -m course_lib.bench transports --two-gpus --broadcast-preset $preset --bucket-mb 512 \
             --json "$out/broadcast_nccl_$preset.json" 2>&1 | grep -v "it/s]" | tee "$out/broadcast_nccl_$preset.log" || status=1
     done
+    exit $status
+fi
+if [ "${1:-}" = "broadcast" ]; then  # what one GPU can say about the NCCL path (the wire itself needs two)
+    PYTHONPATH=$PWD python scripts/nccl_graph_teardown.py 2>&1 | tee "$out/nccl_graph_teardown_1gpu.txt" || status=1
+    python -m course_lib.bench transports --broadcast-preset qwen3-1.7b --bucket-mb 512 --rounds 3 \
+        --json "$out/broadcast_gloo_qwen3-1.7b.json" 2>&1 | grep -v "it/s]" | tee "$out/broadcast_gloo_qwen3-1.7b.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "update" ]; then  # every update path at ~1.7B (InstantTensor beside the disk path when installed)

@@ -2,7 +2,10 @@
 
 - broadcast: a trainer process broadcasts a checkpoint in buckets and the engine loads it
   (``update_weights_from_distributed``), against a raw broadcast of the same buckets
-  between the same two processes (what the wire alone allows);
+  between the same two processes (what the wire alone allows); ``--rounds`` whole updates
+  over one group, as an RL trainer's steps: the ratio is the later rounds' median (the
+  first also sets the communicator up, and is reported beside it), with the engine's
+  phases per round;
 - bucketed against per-tensor: the same tensors into the engine through
   ``update_weights_from_tensor``, one call per tensor against one per flattened bucket,
   on a model of many small tensors (where per-call overhead decides);
@@ -50,8 +53,9 @@ BROADCAST_MODEL = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536,
                        num_attention_heads=8, num_key_value_heads=4, head_dim=64)
 
 
-def raw_broadcast_sender(port: int, sizes: list[int], ready, backend: str = "gloo", device: str = "cpu") -> None:
-    """Rank 0 of a plain group: one warm-up broadcast, then one per bucket size."""
+def raw_broadcast_sender(port: int, sizes: list[int], ready, backend: str = "gloo", device: str = "cpu",
+                         rounds: int = 1) -> None:
+    """Rank 0 of a plain group: one warm-up broadcast, then ``rounds`` times one per bucket size."""
     trainer.share_cores(device)
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(device)  # NCCL's communicator lives on the current device
@@ -59,7 +63,8 @@ def raw_broadcast_sender(port: int, sizes: list[int], ready, backend: str = "glo
     dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8, device=device)).wait()
     buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
     ready.put(True)
-    pipelined(group, buffers)
+    for _ in range(rounds):
+        pipelined(group, buffers)
     sync(device)
 
 
@@ -74,55 +79,70 @@ def pipelined(group, buffers, in_flight: int = 2) -> None:
         work.wait()
 
 
-def raw_broadcast(sizes: list[int], backend: str = "gloo", sender_device: str = "cpu", device: str = "cpu") -> float:
+def raw_broadcast(sizes: list[int], backend: str = "gloo", sender_device: str = "cpu", device: str = "cpu",
+                  rounds: int = 1) -> float:
     """GB/s of broadcasting buffers of ``sizes`` bytes from another process, two in flight
-    (as the trainer sends them), with nothing else done to them (received on ``device``)."""
+    (as the trainer sends them), with nothing else done to them (received on ``device``):
+    the median of ``rounds`` rounds over one group."""
     port, ready = free_port(), CTX.Queue()
-    child = CTX.Process(target=raw_broadcast_sender, args=(port, sizes, ready, backend, sender_device))
+    child = CTX.Process(target=raw_broadcast_sender, args=(port, sizes, ready, backend, sender_device, rounds))
     child.start()
     group, _store = dist_transport.new_group("127.0.0.1", port, 1, 2, "raw", backend)
     dist_transport.broadcast_async(group, torch.zeros(16, dtype=torch.uint8, device=device)).wait()
     sync(device)
     ready.get(timeout=120)
     buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-    t0 = time.perf_counter()
-    pipelined(group, buffers)
-    sync(device)  # an NCCL wait only orders the stream: the bytes have arrived once it is done
-    seconds = time.perf_counter() - t0
+    seconds = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        pipelined(group, buffers)
+        sync(device)  # an NCCL wait only orders the stream: the bytes have arrived once it is done
+        seconds.append(time.perf_counter() - t0)
     trainer.wait_for_exit(child)
-    return sum(sizes) / seconds / 1e9
+    return sum(sizes) / sorted(seconds)[len(seconds) // 2] / 1e9
 
 
 def broadcast_update(engine: Engine, path, bucket_bytes: int, backend: str = "gloo",
-                     trainer_device: str = "cpu") -> dict:
-    """A trainer process broadcasts ``path``; GB/s of the engine's receive-and-load."""
+                     trainer_device: str = "cpu", rounds: int = 3) -> dict:
+    """A trainer process broadcasts ``path`` ``rounds`` times over one group (an RL trainer's
+    steps); GB/s of the engine's receive-and-load per round. The first round also sets the
+    group's communicator up (NCCL creates it at the first collective) and builds the
+    engine's receive buffers and copy tables; the later rounds are the steady state."""
     port, announcements, results = free_port(), CTX.Queue(), CTX.Queue()
     child = CTX.Process(target=trainer.push_broadcast, args=(path, port, announcements, bucket_bytes),
                         kwargs={"results": results, "group_name": "bench", "backend": backend,
-                                "device": trainer_device})
+                                "device": trainer_device, "rounds": rounds})
     child.start()
     engine.init_weights_update_group("127.0.0.1", port, 1, 2, "bench", backend)
     engine.pause_generation("abort")
-    nbytes, sizes, engine_s = 0, [], 0.0
-    first = announcements.get(timeout=120)
-    t0 = time.perf_counter()
-    request = first
-    while request is not None:
-        t = time.perf_counter()
-        result = engine.update_weights_from_distributed(**request, group_name="bench", flush_cache=False)
-        engine_s += time.perf_counter() - t
-        nbytes += result["bytes"]
-        dtypes = parse_dtypes(request["dtypes"])
-        sizes.append(bucket.layout(request["names"], dtypes, request["shapes"])[-1].end_idx)
-        request = announcements.get(timeout=120)
-    total = time.perf_counter() - t0
-    stats = results.get(timeout=120)
+    per_round, sizes = [], []
+    for r in range(rounds):
+        nbytes, engine_s, phases_ms = 0, 0.0, {}
+        request = announcements.get(timeout=300)
+        t0 = time.perf_counter()
+        while request is not None:
+            t = time.perf_counter()
+            result = engine.update_weights_from_distributed(**request, group_name="bench", flush_cache=False)
+            engine_s += time.perf_counter() - t
+            nbytes += result["bytes"]
+            for phase, ms in result["timings_ms"].items():
+                phases_ms[phase] = phases_ms.get(phase, 0.0) + ms
+            if r == 0:
+                dtypes = parse_dtypes(request["dtypes"])
+                sizes.append(bucket.layout(request["names"], dtypes, request["shapes"])[-1].end_idx)
+            request = announcements.get(timeout=300)
+        total = time.perf_counter() - t0
+        per_round.append({"seconds": total, "gbps": nbytes / total / 1e9, "engine_side_gbps": nbytes / engine_s / 1e9,
+                          "engine_phases_ms": phases_ms, "trainer": results.get(timeout=300)})
     trainer.wait_for_exit(child)
     engine.destroy_weights_update_group("bench")
     engine.flush_cache()
     engine.continue_generation()
-    return {"bytes": nbytes, "buckets": len(sizes), "bucket_sizes": sizes, "gbps": nbytes / total / 1e9,
-            "engine_side_gbps": nbytes / engine_s / 1e9, "trainer": stats}
+    warm = sorted(per_round[1:] or per_round, key=lambda x: x["gbps"])
+    median = warm[len(warm) // 2]
+    return {"bytes": nbytes, "buckets": len(sizes), "bucket_sizes": sizes, "rounds": per_round,
+            "first_round_gbps": per_round[0]["gbps"], "gbps": median["gbps"],
+            "engine_side_gbps": median["engine_side_gbps"], "trainer": median["trainer"]}
 
 
 def in_memory(engine: Engine, tensors: list, bucket_bytes: int | None, device: str) -> float:
@@ -148,6 +168,8 @@ def main(argv=None) -> dict:
     p.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size of the broadcast and of the A/B")
     p.add_argument("--two-gpus", action="store_true",
                    help="only the broadcast, over NCCL from cuda:0 (trainer) to cuda:1 (engine)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="whole updates over one group; the later ones (the steady state) are reported")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device = args.device
@@ -168,10 +190,10 @@ def main(argv=None) -> dict:
         a = make_random(f"{tmp}/a", model, seed=1)
         b = make_random(f"{tmp}/b", model, seed=2)
         engine = Engine(a, device=device)
-        res["broadcast"] = broadcast_update(engine, b, bucket_bytes, backend, trainer_device)
+        res["broadcast"] = broadcast_update(engine, b, bucket_bytes, backend, trainer_device, args.rounds)
         steps.update()
         res["broadcast"]["raw_gbps"] = raw_broadcast(res["broadcast"]["bucket_sizes"], backend, trainer_device,
-                                                     device if backend == "nccl" else "cpu")
+                                                     device if backend == "nccl" else "cpu", args.rounds)
         res["broadcast"]["of_raw"] = res["broadcast"]["gbps"] / res["broadcast"]["raw_gbps"]
         res["broadcast"]["preset"] = args.broadcast_preset or "125 MB, 8 layers"
         res["broadcast"]["checkpoint_bytes"] = CheckpointReader(b).nbytes()
@@ -219,7 +241,10 @@ def report(r: dict) -> None:
     print(f"  broadcast update over {r.get('broadcast_backend', 'gloo')}, {b['preset']} ({b['bytes'] / 1e6:.1f} MB "
           f"in {b['buckets']} buckets)  "
           f"{b['gbps']:7.2f} GB/s = {b['of_raw']:.0%} of a raw broadcast of the same buckets ({b['raw_gbps']:.2f} GB/s); "
-          f"inside the engine's calls {b['engine_side_gbps']:.2f} GB/s")
+          f"inside the engine's calls {b['engine_side_gbps']:.2f} GB/s; the first round {b['first_round_gbps']:.2f} GB/s")
+    for i, rnd in enumerate(b.get("rounds", [])):
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in rnd["engine_phases_ms"].items())
+        print(f"    round {i + 1}: {rnd['seconds'] * 1e3:8.1f} ms, {rnd['gbps']:7.2f} GB/s; engine phases (ms): {phases}")
     if "many_small" not in r:
         return
     m = r["many_small"]

@@ -208,6 +208,20 @@ class ModelRunner:
         for tokens in reversed(self.prefill_token_sizes):
             self._capture_prefill(tokens, pool)
 
+    def release_graphs(self) -> None:
+        """Destroy every captured graph (the engine runs eagerly afterwards). A
+        tensor-parallel rank does this before leaving its process group: graphs that
+        captured NCCL collectives hold on to the communicator, and tearing it down while
+        they live can wait forever (pytorch/pytorch#115388)."""
+        if not (self.graphs or self.prefill_graphs):
+            return
+        torch.cuda.synchronize(self.device)
+        for graph in [*self.graphs.values(), *(g for g, _, _ in self.prefill_graphs.values())]:
+            graph.reset()
+        self.graphs, self.graph_for, self.graph_batch_sizes = {}, {}, []
+        self.prefill_graphs, self.graph_outputs = {}, {}
+        torch.cuda.synchronize(self.device)
+
     def _capture_prefill(self, tokens: int, pool) -> None:
         """A graph for prefills padded to ``tokens`` new tokens and ``prefill_rows``
         sequences; its inputs live in one flat buffer (one copy refills them)."""

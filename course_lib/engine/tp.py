@@ -147,6 +147,15 @@ def worker_main(rank: int, world_size: int, port: int, model_path: str, config: 
         except BaseException as exc:
             # A failed forward leaves rank 0 inside a collective; it times out there.
             replies.put((rank, "error", (type(exc).__name__, traceback.format_exc())))
+    leave_group(engine)
+
+
+def leave_group(engine) -> None:
+    """Leave the default process group: first the CUDA graphs, which captured its
+    collectives (``ModelRunner.release_graphs``), then the group itself. Every rank does
+    this at once: under NCCL, tearing a communicator down takes all of them."""
+    if engine is not None:
+        engine.model_runner.release_graphs()
     dist.destroy_process_group()
 
 
@@ -411,9 +420,12 @@ class TPEngine(Engine):
         it ended, and what it raised."""
         errors: list[BaseException] = []
 
+        runner = getattr(self, "model_runner", None)  # absent if __init__ failed before building it
+        engine = self if runner is not None else None
+
         def leave():
             try:
-                dist.destroy_process_group()
+                leave_group(engine)
             except BaseException as exc:  # noqa: BLE001 - reported below, on the caller's thread
                 errors.append(exc)
 

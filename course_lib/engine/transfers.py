@@ -8,7 +8,9 @@ buffers a trainer recently handed over in flattened buckets.
 keeps each bucket layout validated once and, per trainer buffer, the copy table built for
 it, holding the buffer mapped, so a trainer that reuses its buffers step after step costs
 one handle opening per buffer, not one per bucket or per step; the IPC keep-alive maps the
-last few buffers of buckets that take the general path.
+last few buffers of buckets that take the general path. Broadcast buckets: each group has
+its receive buffers (``dist.ReceivePool``), kept until the group is destroyed, which the
+bucket cache treats as buffers seen before (one copy table per announced layout).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class Transfers:
         self.device = device
         self.tp_rank = tp_rank
         self.groups: dict = {}                              # name -> (group, store)
+        self.receive_pools: dict[str, dist_transport.ReceivePool] = {}  # name -> its receive buffers
         self.registration = Registration()                  # epoch 0: nothing registered
         self.ipc_keepalive = collections.deque(maxlen=4)    # recently received CUDA IPC storages
         self.buckets = BucketCache(device)                  # flattened-bucket layouts and copy tables
@@ -65,7 +68,22 @@ class Transfers:
     def destroy_group(self, group_name: str = "weight_update_group") -> dict:
         if self.groups.pop(group_name, None) is None:
             raise ValueError(f"no weight-update group named {group_name!r}")
+        pool = self.receive_pools.pop(group_name, None)
+        if pool is not None:
+            self.buckets.forget(pool.clear())  # the receive buffers' memory goes back
         return {"success": True, "message": f"destroyed {group_name!r}"}
+
+    def receive_buffer(self, group_name: str, names, dtypes, shapes):
+        """Where this announcement's flattened bucket is received: ``(flat, metadata)``,
+        the same memory as the last time this layout was announced on this group (see
+        ``dist.ReceivePool``)."""
+        pool = self.receive_pools.get(group_name)
+        if pool is None:
+            pool = self.receive_pools[group_name] = dist_transport.ReceivePool(self.device)
+        flat, metadata, replaced = pool.buffer_for(names, dtypes, shapes)
+        if replaced is not None:
+            self.buckets.forget([replaced])
+        return flat, metadata
 
     # ---- registered buffers -----------------------------------------------------------------
     def register(self, model, payload, partial: bool = False, copy_mode: str | None = None) -> dict:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from course_lib.dtypes import DtypeError, parse_dtype, parse_dtypes
+from course_lib.exercises import is_reference
 from course_lib.engine.records import AUDIT_ALL, AUDIT_NONE, Applied, Audit, Snapshot
 from course_lib.layers.quant import QuantizedLinearMethod, discard_staged_weights, process_weights_after_loading
 from course_lib.models.qwen3 import hf_tensor_shapes
@@ -205,6 +206,41 @@ def write_layerwise(updater: "Updater", reader, names, use_snapshot: bool, timer
     return Applied(AUDIT_ALL, {"memory": memory})
 
 
+def check_bound(updater: "Updater", bound, cache, refuse_non_finite: bool) -> None:
+    """A cached bucket (``weights/bucket_cache.py``) before anything is written: its
+    destinations still where its table found them (audited once, when the table is new),
+    and its values finite where asked."""
+    moved = bound.moved_destination()
+    if moved is not None:  # the table would write memory no kernel reads: check everything afresh
+        cache.clear()
+        raise UpdateError(f"{moved} no longer lives where the bucket's copy table found it: the weights "
+                          f"were rebound (updates must copy in place); nothing was written")
+    if not bound.audited:  # a new table: its destinations are where the kernels read (else unhealthy)
+        updater.verify_addresses(written_parameters(updater.model, ((n, None) for n in bound.names)))
+        bound.audited = True
+    if refuse_non_finite:
+        bound.check_finite()
+
+
+def write_bound(updater: "Updater", bound, timer: PhaseTimer) -> Applied:
+    """Write a checked cached bucket as a registered bucket is written
+    (``RegisteredSource.write``): launch the one copy, check the destinations again while
+    it runs, then wait (the sender reuses the buffer next)."""
+    bound.copy()
+    timer.lap("copy")  # all of it on the CPU; on a GPU the launch, the wait comes below
+    moved = bound.moved_destination()
+    if moved is not None:  # cannot happen unless a copy rebinds: say so loudly
+        updater.unhealthy = f"{moved} moved while a flattened bucket was copied into it"
+        raise UpdateError(updater.unhealthy)
+    timer.lap("audit")
+    if updater.config.is_cuda:
+        torch.cuda.current_stream(updater.config.device).synchronize()
+    timer.lap("copy")
+    # The check above audits these parameters (identity, stride included, with the
+    # storages held by the table); the full address audit runs when generation resumes.
+    return Applied(AUDIT_NONE)
+
+
 # ---- sources ----------------------------------------------------------------------------------
 
 @dataclass
@@ -283,45 +319,25 @@ class TensorSource(UpdateSource):
         return ValidatedUpdate(self, nbytes, f"updated {len(self.tensors)} tensors", timer)
 
     def validate_bound(self, updater: "Updater", cache, timer: PhaseTimer) -> ValidatedUpdate:
-        """A cached bucket: its destinations still where its table found them, and its
-        values finite where asked, before anything is written."""
-        bound = self.bound
-        moved = bound.moved_destination()
-        if moved is not None:  # the table would write memory no kernel reads: check everything afresh
-            cache.clear()
-            raise UpdateError(f"{moved} no longer lives where the bucket's copy table found it: the weights "
-                              f"were rebound (updates must copy in place); nothing was written")
-        if not bound.audited:  # a new table: its destinations are where the kernels read (else unhealthy)
-            updater.verify_addresses(written_parameters(updater.model, ((n, None) for n in bound.names)))
-            bound.audited = True
-        if self.refuse_non_finite:
-            bound.check_finite()
+        check_bound(updater, self.bound, cache, self.refuse_non_finite)
         timer.lap("validate")
-        return ValidatedUpdate(self, bound.nbytes, f"updated {len(bound.names)} tensors", timer)
+        return ValidatedUpdate(self, self.bound.nbytes, f"updated {len(self.bound.names)} tensors", timer)
 
     def write(self, updater: "Updater", timer: PhaseTimer) -> Applied:
         if self.bound is None:
             return write_tensors(updater, self.tensors, True, timer)
-        # As a registered bucket (RegisteredSource.write): launch the one copy, check the
-        # destinations again while it runs, then wait: the trainer reuses the buffer next.
-        self.bound.copy()
-        timer.lap("copy")  # all of it on the CPU; on a GPU the launch, the wait comes below
-        moved = self.bound.moved_destination()
-        if moved is not None:  # cannot happen unless a copy rebinds: say so loudly
-            updater.unhealthy = f"{moved} moved while a flattened bucket was copied into it"
-            raise UpdateError(updater.unhealthy)
-        timer.lap("audit")
-        if updater.config.is_cuda:
-            torch.cuda.current_stream(updater.config.device).synchronize()
-        timer.lap("copy")
-        # The check above audits these parameters (identity, stride included, with the
-        # storages held by the table); the full address audit runs when generation resumes.
-        return Applied(AUDIT_NONE)
+        return write_bound(updater, self.bound, timer)
 
 
 @dataclass
 class BroadcastSource(UpdateSource):
-    """A trainer's broadcast over a weight-update group, received even when refused."""
+    """A trainer's broadcast over a weight-update group, received even when refused.
+
+    An accepted flattened bucket is received into the group's receive buffer for its
+    layout (``Transfers.receive_buffer``) and, where the bucket cache applies, written as
+    a cached bucket (``TensorSource``'s fast path): from the second step on, one broadcast
+    and one copy. Elsewhere (a refused update, a tensor-parallel rank, a quantized engine,
+    a learner's ``receive_bucket``) ``dist.receive_bucket`` receives it into fresh memory."""
     group_name: str
     names: list
     dtypes: list
@@ -350,9 +366,11 @@ class BroadcastSource(UpdateSource):
             timer.lap("validate")
             return nbytes
 
-        def receive(_refusal):
+        def receive(refusal):
             device = updater.config.device
-            if self.load_format == "flattened_bucket":  # all tensors in one byte buffer
+            if self.load_format == "flattened_bucket" and refusal is None and self.pooled(updater):
+                tensors = self.receive_pooled(updater, group, dtypes)
+            elif self.load_format == "flattened_bucket":  # all tensors in one byte buffer
                 tensors = dist_transport.receive_bucket(group, self.names, dtypes, self.shapes, device)
             else:  # one broadcast per tensor (SGLang's default)
                 tensors = []
@@ -362,13 +380,35 @@ class BroadcastSource(UpdateSource):
                     tensors.append((n, t))
             timer.lap("transfer")
             return tensors
+        self.bound = None
         nbytes, self.tensors = receive_even_if_refused(check, receive)
-        if self.refuse_non_finite:
+        if self.bound is not None:
+            check_bound(updater, self.bound, updater.transfers.buckets, self.refuse_non_finite)
+            timer.lap("validate")
+        elif self.refuse_non_finite:
             check_finite(self.tensors)
-        return ValidatedUpdate(self, nbytes, f"received {len(self.tensors)} tensors over {self.group_name!r}",
+        return ValidatedUpdate(self, nbytes, f"received {len(self.names)} tensors over {self.group_name!r}",
                                timer)
 
+    @staticmethod
+    def pooled(updater: "Updater") -> bool:
+        """The engine's own parts run here: the bucket cache applies, and ``receive_bucket``
+        is the instructor edition's (a learner's is always the one that runs)."""
+        return (updater.transfers.buckets.applies(updater.model, updater.commit)
+                and is_reference(dist_transport.receive_bucket, dist_transport.RECEIVE_STEP))
+
+    def receive_pooled(self, updater: "Updater", group, dtypes) -> list:
+        """Receive into the group's buffer for this layout; bind it to its copy table
+        (``self.bound``, returning no pairs) or, where no table applies, return views."""
+        flat, metadata = updater.transfers.receive_buffer(self.group_name, self.names, dtypes, self.shapes)
+        dist_transport.broadcast_async(group, flat).wait()
+        payload = {"flattened_tensor": flat, "metadata": metadata}
+        self.bound = updater.transfers.buckets.lookup(updater.model, payload, resident=True)
+        return [] if self.bound is not None else bucket.unpack(payload)
+
     def write(self, updater: "Updater", timer: PhaseTimer) -> Applied:
+        if self.bound is not None:
+            return write_bound(updater, self.bound, timer)
         return write_tensors(updater, self.tensors, True, timer)
 
 

@@ -170,6 +170,7 @@ class BucketCache:
         self.buffers: OrderedDict[tuple, dict] = OrderedDict()  # storage identity -> {layout key: BoundBucket}
         self.used: set[tuple] = set()                            # buffers used since the last release
         self.uses: dict[tuple, int] = {}                         # buckets each buffer carried since mapped
+        self.resident: set[tuple] = set()  # the engine's own buffers (``lookup(..., resident=True)``): kept
         self.stats = {"layouts_validated": 0, "layout_hits": 0, "tables_built": 0, "table_hits": 0,
                       "buffers_dropped": 0}
 
@@ -189,10 +190,12 @@ class BucketCache:
         return t.device.index == (torch.cuda.current_device() if self.device.index is None else self.device.index)
 
     # ---- the lookup ---------------------------------------------------------------------------
-    def lookup(self, model, payload) -> BoundBucket | None:
+    def lookup(self, model, payload, resident: bool = False) -> BoundBucket | None:
         """The validated bucket bound to its buffer, or None where the general path must
         apply it (see the module docstring). Raises ``UpdateError`` naming what is wrong
-        with a bad bucket; nothing is written either way."""
+        with a bad bucket; nothing is written either way. ``resident``: the buffer is the
+        engine's own (a broadcast's receive buffer, ``dist.ReceivePool``), not a trainer's
+        mapping: its tables stay until ``forget``, whatever ``release`` finds."""
         if not isinstance(payload, dict):
             return None
         flat, metadata = payload.get("flattened_tensor"), payload.get("metadata")
@@ -226,6 +229,8 @@ class BucketCache:
                 return None
         self.used.add(identity)
         self.uses[identity] += 1
+        if resident:
+            self.resident.add(identity)
         return bound
 
     def _validate(self, model, flat, metadata, key) -> Layout:
@@ -263,8 +268,8 @@ class BucketCache:
         bound = BoundBucket(layout, flat, table, mode)
         tables = self.buffers.get(identity)
         if tables is None:
-            while len(self.buffers) >= self.max_buffers:
-                self._drop(next(iter(self.buffers)))
+            while len(self.buffers) >= self.max_buffers:  # the least recently used, a trainer's first
+                self._drop(next((i for i in self.buffers if i not in self.resident), next(iter(self.buffers))))
             tables = self.buffers[identity] = {}
             self.uses[identity] = 0
         self.buffers.move_to_end(identity)
@@ -279,14 +284,23 @@ class BucketCache:
         self.buffers.pop(identity, None)
         self.used.discard(identity)
         self.uses.pop(identity, None)
+        self.resident.discard(identity)
         self.stats["buffers_dropped"] += 1
 
     def release(self) -> None:
         """At resume: unmap every buffer but those used in the step that ends which have
-        carried more than one bucket (the trainer's reused buffers keep their tables)."""
-        for identity in [i for i in self.buffers if i not in self.used or self.uses[i] < 2]:
+        carried more than one bucket (the trainer's reused buffers keep their tables) and
+        the engine's own (resident) buffers."""
+        for identity in [i for i in self.buffers
+                         if i not in self.resident and (i not in self.used or self.uses[i] < 2)]:
             self._drop(identity)
         self.used.clear()
+
+    def forget(self, storages) -> None:
+        """Drop every table built on these storages (the engine frees or replaces them)."""
+        gone = {s._cdata for s in storages}
+        for identity in [i for i in self.buffers if i[0] in gone]:
+            self._drop(identity)
 
     def clear(self) -> None:
         """Forget every layout and table (a destination moved: everything is checked afresh)."""

@@ -7,6 +7,11 @@ while one buffer is on the wire, the next bucket is packed into the other, so pa
 overlaps sending. Before each bucket it tells the engines what is coming (names, dtypes,
 shapes: SGLang's ``update_weights_from_distributed`` fields), so they can validate and
 allocate a receive buffer of the right size.
+
+An engine that receives the same buckets step after step keeps its receive buffers
+(``ReceivePool``, one per group): each announced layout lands in the same buffer every
+step, so the engine's copy table for it (``weights/bucket_cache.py``) is built once, as
+for a registered trainer buffer, and every later bucket is one broadcast and one copy.
 """
 from __future__ import annotations
 
@@ -114,9 +119,9 @@ class WeightBroadcaster:
             need = bucket.bucket_nbytes(group)
             buf = self.buffers[slot] if need <= self.bucket_bytes else torch.empty(need, dtype=torch.uint8, device=self.device)
             tp = time.perf_counter()
+            # No wait for the packing: the broadcast is ordered after it on the device (a
+            # collective waits for the work queued before it), and the host announces meanwhile.
             packed = bucket.pack(group, out=buf)
-            if self.device.type == "cuda":
-                torch.cuda.current_stream().synchronize()
             pack_s += time.perf_counter() - tp
             announce(describe(group))
             works[slot] = broadcast_async(self.group, packed["flattened_tensor"])
@@ -124,8 +129,10 @@ class WeightBroadcaster:
         for w in works:
             if w is not None:
                 w.wait()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the last bytes have left
         total = time.perf_counter() - t0
-        self.stats = {"buckets": len(plan), "bytes": nbytes, "seconds": total, "pack_seconds": pack_s,
+        self.stats = {"buckets": len(plan), "bytes": nbytes, "seconds": total, "pack_launch_seconds": pack_s,
                       "gb_per_s": nbytes / total / 1e9 if total else 0.0}
         return self.stats
 
@@ -172,3 +179,57 @@ def receive_bucket(group, names, dtypes, shapes, device) -> list[tuple[str, torc
     broadcast_async(group, flat).wait()
     return bucket.unpack({"flattened_tensor": flat, "metadata": meta})
     # END EXERCISE
+
+
+RECEIVE_STEP = "ch05.receive_broadcast"  # what ``ReceivePool`` stands in for (``receive_bucket``)
+MAX_POOL_LAYOUTS = 4096                  # announced layouts a pool remembers (a step's buckets, many times over)
+
+
+class ReceivePool:
+    """The engine's own receive buffers for one group's flattened buckets, kept between steps.
+
+    A trainer announces the same buckets (names, dtypes, shapes) in the same order every
+    step. The first time a layout is announced it is given a buffer (``num_buffers`` used
+    in turn, in order of first announcement, so consecutive buckets land in different
+    buffers); every later announcement of it lands in that buffer again. A buffer grows
+    to the largest bucket given to it; a grown buffer is new memory, and ``buffer_for``
+    returns the storage it replaced, so the caller forgets what it built on that one.
+    The memory held: ``num_buffers`` buffers of the largest bucket, until ``clear``
+    (the group is destroyed)."""
+
+    def __init__(self, device, num_buffers: int = 2):
+        self.device = torch.device(device)
+        self.buffers: list[torch.Tensor | None] = [None] * num_buffers
+        self.layouts: dict[tuple, tuple[list, int]] = {}  # announcement -> (metadata, slot)
+        self._next_slot = 0
+
+    def buffer_for(self, names, dtypes, shapes):
+        """``(flat, metadata, replaced)``: the bytes this announcement's bucket is received
+        into (a 1-D uint8 tensor of exactly its length, always the same memory for the same
+        layout unless the buffer grew), its byte layout (``bucket.layout``), and the
+        storage a grown buffer replaced (None if none). ``dtypes``: torch dtypes."""
+        key = (tuple(names), tuple(dtypes), tuple(tuple(int(x) for x in s) for s in shapes))
+        known = self.layouts.get(key)
+        if known is None:
+            if len(self.layouts) >= MAX_POOL_LAYOUTS:
+                self.layouts.pop(next(iter(self.layouts)))
+            known = self.layouts[key] = (bucket.layout(names, dtypes, shapes), self._next_slot)
+            self._next_slot = (self._next_slot + 1) % len(self.buffers)
+        metadata, slot = known
+        need = metadata[-1].end_idx if metadata else 0
+        buf, replaced = self.buffers[slot], None
+        if buf is None or buf.numel() < need:
+            replaced = None if buf is None else buf.untyped_storage()
+            buf = self.buffers[slot] = torch.empty(need, dtype=torch.uint8, device=self.device)
+        return buf[:need], metadata, replaced
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers if b is not None)
+
+    def clear(self) -> list:
+        """Free the buffers; returns their storages (for the caller to forget)."""
+        storages = [b.untyped_storage() for b in self.buffers if b is not None]
+        self.buffers = [None] * len(self.buffers)
+        self.layouts.clear()
+        return storages

@@ -106,16 +106,21 @@ def push_registered(checkpoint_path, payloads, acks, bucket_bytes: int, device: 
 
 def push_broadcast(checkpoint_path, master_port: int, announcements, bucket_bytes: int, world_size: int = 2,
                    backend: str = "gloo", device: str = "cpu", group_name: str = "weight_update_group",
-                   results=None) -> None:
+                   results=None, rounds: int = 1) -> None:
     """Be rank 0 of a weight-update group and broadcast the checkpoint in buckets; each
-    bucket's request (names, dtypes, shapes) goes on ``announcements`` first."""
+    bucket's request (names, dtypes, shapes) goes on ``announcements`` first. Each round
+    (one whole update, as an RL trainer sends every step) ends with ``None`` and, with
+    ``results``, puts that round's stats there."""
     share_cores(device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's communicator lives on the current device
     tensors = [(n, t.to(device)) for n, t in CheckpointReader(checkpoint_path).iter_tensors()]
     sender = WeightBroadcaster("127.0.0.1", master_port, world_size, group_name, backend, device, bucket_bytes)
-    stats = sender.broadcast(tensors, announcements.put)
-    announcements.put(None)
-    if results is not None:
-        results.put(stats)
+    for _ in range(rounds):
+        stats = sender.broadcast(tensors, announcements.put)
+        announcements.put(None)
+        if results is not None:
+            results.put(stats)
 
 
 def wait_for_exit(process, timeout: float = 120.0) -> int:
