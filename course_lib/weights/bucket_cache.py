@@ -44,7 +44,9 @@ it was used in the step that ends and has carried more than one bucket since it 
 mapped: the buffers a trainer packs into step after step stay; one it sent once (a tensor
 larger than its buffers, or a trainer that allocates every bucket afresh) goes back to the
 trainer before it trains again. At most ``MAX_LAYOUTS`` layouts, and tables per buffer,
-are kept.
+are kept. A broadcast's receive buffers (``dist.ReceivePool``) are the engine's own
+memory, not a trainer's mapping: looked up as ``resident``, they keep their tables at
+resume until the engine frees them (``forget``, when their group is destroyed).
 
 Where the fast path does not apply the general path runs, unchanged: a quantized engine
 or a tensor-parallel rank (no copy plan), a bucket on another device, SGLang's element
