@@ -167,13 +167,38 @@ def test_a_refused_update_still_receives_and_keeps_no_buffer(ckpts):
 def test_pool_gives_each_layout_one_slot_and_grows_a_buffer_for_a_larger_bucket():
     pool = dist.ReceivePool("cpu", num_buffers=2)
     f32 = [torch.float32]
-    x, meta_x, _ = pool.buffer_for(["x"], f32, [[4]])
-    y, _, _ = pool.buffer_for(["y"], f32, [[4]])
-    assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()  # turns: two buffers
-    x2, meta_x2, replaced = pool.buffer_for(["x"], f32, [[4]])
-    assert replaced is None and x2.data_ptr() == x.data_ptr() and meta_x2 is meta_x
-    big, meta_big, replaced = pool.buffer_for(["z"], f32, [[1000]])  # slot 0 again, larger
-    assert replaced is not None and replaced.data_ptr() == x.untyped_storage().data_ptr()
+    sx, x, meta_x, _ = pool.buffer_for(["x"], f32, [[4]])
+    sy, y, _, _ = pool.buffer_for(["y"], f32, [[4]])
+    assert (sx, sy) == (0, 1) and x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()  # in turn
+    sx2, x2, meta_x2, replaced = pool.buffer_for(["x"], f32, [[4]])
+    assert sx2 == 0 and replaced is None and x2.data_ptr() == x.data_ptr() and meta_x2 is meta_x
+    sz, big, meta_big, replaced = pool.buffer_for(["z"], f32, [[1000]])  # slot 0 again, larger
+    assert sz == 0 and replaced is not None and replaced.data_ptr() == x.untyped_storage().data_ptr()
     assert big.numel() == meta_big[-1].end_idx == 4000
     storages = pool.clear()
     assert len(storages) == 2 and pool.nbytes == 0 and not pool.layouts
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_steps_back_to_back_each_land_whole(ckpts, device):
+    """Round after round with no pause between them (on a GPU: the next bucket received
+    while the last is still copied, nothing waited for on the host): after each round the
+    weights are exactly the ones that round sent, bucket for bucket."""
+    a, b = ckpts
+    sent = {p: [(n, t.to(device)) for n, t in CheckpointReader(p).iter_tensors()] for p in (a, b)}
+    expected = {p: params(Engine(p, device=device)) for p in (a, b)}
+    order = [b, a, b, a, b]
+    engine = Engine(a, device=device)
+    port, announcements, thread, errors = start_trainer([sent[p] for p in order], BUCKET_BYTES // 3, device)
+    engine.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo")
+    engine.pause_generation("abort")
+    for p in order:
+        results = receive_round(engine, announcements)
+        assert len(results) > 6 and all(r["success"] for r in results)
+        now = params(engine)
+        assert all(torch.equal(now[k], expected[p][k]) for k in now), f"round from {p} did not land whole"
+    thread.join(60)
+    assert not errors
+    engine.continue_generation()
+    assert_hot_equals_cold(engine, b, PROMPTS)
+    engine.destroy_weights_update_group()

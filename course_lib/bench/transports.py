@@ -104,19 +104,25 @@ def raw_broadcast(sizes: list[int], backend: str = "gloo", sender_device: str = 
 
 def broadcast_update(engine: Engine, path, bucket_bytes: int, backend: str = "gloo",
                      trainer_device: str = "cpu", rounds: int = 3) -> dict:
-    """A trainer process broadcasts ``path`` ``rounds`` times over one group (an RL trainer's
-    steps); GB/s of the engine's receive-and-load per round. The first round also sets the
-    group's communicator up (NCCL creates it at the first collective) and builds the
-    engine's receive buffers and copy tables; the later rounds are the steady state."""
+    """A trainer process broadcasts ``path`` over one group, round after round (an RL
+    trainer's steps); GB/s of the engine's receive-and-load per round. The first round also
+    sets the group's communicator up (NCCL creates it at the first collective) and builds
+    the engine's receive buffers and copy tables; the later ``rounds - 1`` are the steady
+    state. On a GPU, ``rounds - 1`` more follow with the overlap switched off (the host
+    waits for each bucket's copy before the next is received): where the time goes."""
+    cuda = engine.config.is_cuda
+    serial = rounds - 1 if cuda and rounds > 1 else 0
     port, announcements, results = free_port(), CTX.Queue(), CTX.Queue()
     child = CTX.Process(target=trainer.push_broadcast, args=(path, port, announcements, bucket_bytes),
                         kwargs={"results": results, "group_name": "bench", "backend": backend,
-                                "device": trainer_device, "rounds": rounds})
+                                "device": trainer_device, "rounds": rounds + serial})
     child.start()
     engine.init_weights_update_group("127.0.0.1", port, 1, 2, "bench", backend)
     engine.pause_generation("abort")
     per_round, sizes = [], []
-    for r in range(rounds):
+    for r in range(rounds + serial):
+        if r == rounds:
+            engine.updater.transfers.receive_pool("bench").overlap = False
         nbytes, engine_s, phases_ms = 0, 0.0, {}
         request = announcements.get(timeout=300)
         t0 = time.perf_counter()
@@ -131,18 +137,25 @@ def broadcast_update(engine: Engine, path, bucket_bytes: int, backend: str = "gl
                 dtypes = parse_dtypes(request["dtypes"])
                 sizes.append(bucket.layout(request["names"], dtypes, request["shapes"])[-1].end_idx)
             request = announcements.get(timeout=300)
+        sync(engine.config.device)  # the last copies may still run on the device
         total = time.perf_counter() - t0
         per_round.append({"seconds": total, "gbps": nbytes / total / 1e9, "engine_side_gbps": nbytes / engine_s / 1e9,
-                          "engine_phases_ms": phases_ms, "trainer": results.get(timeout=300)})
+                          "overlap": r < rounds, "engine_phases_ms": phases_ms,
+                          "trainer": results.get(timeout=300)})
     trainer.wait_for_exit(child)
     engine.destroy_weights_update_group("bench")
     engine.flush_cache()
     engine.continue_generation()
-    warm = sorted(per_round[1:] or per_round, key=lambda x: x["gbps"])
-    median = warm[len(warm) // 2]
+
+    def median(rows):
+        rows = sorted(rows, key=lambda x: x["gbps"])
+        return rows[len(rows) // 2] if rows else None
+    warm = median(per_round[1:rounds] or per_round[:1])
+    waited = median(per_round[rounds:])
     return {"bytes": nbytes, "buckets": len(sizes), "bucket_sizes": sizes, "rounds": per_round,
-            "first_round_gbps": per_round[0]["gbps"], "gbps": median["gbps"],
-            "engine_side_gbps": median["engine_side_gbps"], "trainer": median["trainer"]}
+            "first_round_gbps": per_round[0]["gbps"], "gbps": warm["gbps"],
+            "engine_side_gbps": warm["engine_side_gbps"], "trainer": warm["trainer"],
+            "waiting_each_bucket_gbps": None if waited is None else waited["gbps"]}
 
 
 def in_memory(engine: Engine, tensors: list, bucket_bytes: int | None, device: str) -> float:
@@ -242,9 +255,13 @@ def report(r: dict) -> None:
           f"in {b['buckets']} buckets)  "
           f"{b['gbps']:7.2f} GB/s = {b['of_raw']:.0%} of a raw broadcast of the same buckets ({b['raw_gbps']:.2f} GB/s); "
           f"inside the engine's calls {b['engine_side_gbps']:.2f} GB/s; the first round {b['first_round_gbps']:.2f} GB/s")
+    if b.get("waiting_each_bucket_gbps"):
+        print(f"    waiting for each bucket's copy before the next (no overlap): {b['waiting_each_bucket_gbps']:.2f} GB/s "
+              f"= {b['waiting_each_bucket_gbps'] / b['raw_gbps']:.0%} of raw")
     for i, rnd in enumerate(b.get("rounds", [])):
         phases = ", ".join(f"{k} {v:.1f}" for k, v in rnd["engine_phases_ms"].items())
-        print(f"    round {i + 1}: {rnd['seconds'] * 1e3:8.1f} ms, {rnd['gbps']:7.2f} GB/s; engine phases (ms): {phases}")
+        print(f"    round {i + 1}{'' if rnd['overlap'] else ' (no overlap)'}: {rnd['seconds'] * 1e3:8.1f} ms, "
+              f"{rnd['gbps']:7.2f} GB/s; engine phases (ms): {phases}")
     if "many_small" not in r:
         return
     m = r["many_small"]

@@ -73,17 +73,22 @@ class Transfers:
             self.buckets.forget(pool.clear())  # the receive buffers' memory goes back
         return {"success": True, "message": f"destroyed {group_name!r}"}
 
-    def receive_buffer(self, group_name: str, names, dtypes, shapes):
-        """Where this announcement's flattened bucket is received: ``(flat, metadata)``,
-        the same memory as the last time this layout was announced on this group (see
-        ``dist.ReceivePool``)."""
+    def receive_pool(self, group_name: str) -> dist_transport.ReceivePool:
+        """Group ``group_name``'s receive buffers (made at its first bucket)."""
         pool = self.receive_pools.get(group_name)
         if pool is None:
             pool = self.receive_pools[group_name] = dist_transport.ReceivePool(self.device)
-        flat, metadata, replaced = pool.buffer_for(names, dtypes, shapes)
+        return pool
+
+    def receive_pooled(self, group_name: str, names, dtypes, shapes):
+        """Receive this announcement's flattened bucket into the group's buffer for its
+        layout (``dist.ReceivePool``): ``(slot, flat, metadata)``."""
+        pool = self.receive_pool(group_name)
+        slot, flat, metadata, replaced = pool.buffer_for(names, dtypes, shapes)
         if replaced is not None:
             self.buckets.forget([replaced])
-        return flat, metadata
+        pool.receive(self.group(group_name), slot, flat)
+        return slot, flat, metadata
 
     # ---- registered buffers -----------------------------------------------------------------
     def register(self, model, payload, partial: bool = False, copy_mode: str | None = None) -> dict:

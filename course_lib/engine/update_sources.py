@@ -222,10 +222,10 @@ def check_bound(updater: "Updater", bound, cache, refuse_non_finite: bool) -> No
         bound.check_finite()
 
 
-def write_bound(updater: "Updater", bound, timer: PhaseTimer) -> Applied:
+def write_bound(updater: "Updater", bound, timer: PhaseTimer, wait: bool = True) -> Applied:
     """Write a checked cached bucket as a registered bucket is written
     (``RegisteredSource.write``): launch the one copy, check the destinations again while
-    it runs, then wait (the sender reuses the buffer next)."""
+    it runs, then wait (the sender reuses the buffer next) unless ``wait`` is False."""
     bound.copy()
     timer.lap("copy")  # all of it on the CPU; on a GPU the launch, the wait comes below
     moved = bound.moved_destination()
@@ -233,7 +233,7 @@ def write_bound(updater: "Updater", bound, timer: PhaseTimer) -> Applied:
         updater.unhealthy = f"{moved} moved while a flattened bucket was copied into it"
         raise UpdateError(updater.unhealthy)
     timer.lap("audit")
-    if updater.config.is_cuda:
+    if updater.config.is_cuda and wait:
         torch.cuda.current_stream(updater.config.device).synchronize()
     timer.lap("copy")
     # The check above audits these parameters (identity, stride included, with the
@@ -369,7 +369,7 @@ class BroadcastSource(UpdateSource):
         def receive(refusal):
             device = updater.config.device
             if self.load_format == "flattened_bucket" and refusal is None and self.pooled(updater):
-                tensors = self.receive_pooled(updater, group, dtypes)
+                tensors = self.receive_pooled(updater, dtypes)
             elif self.load_format == "flattened_bucket":  # all tensors in one byte buffer
                 tensors = dist_transport.receive_bucket(group, self.names, dtypes, self.shapes, device)
             else:  # one broadcast per tensor (SGLang's default)
@@ -397,19 +397,26 @@ class BroadcastSource(UpdateSource):
         return (updater.transfers.buckets.applies(updater.model, updater.commit)
                 and is_reference(dist_transport.receive_bucket, dist_transport.RECEIVE_STEP))
 
-    def receive_pooled(self, updater: "Updater", group, dtypes) -> list:
+    def receive_pooled(self, updater: "Updater", dtypes) -> list:
         """Receive into the group's buffer for this layout; bind it to its copy table
         (``self.bound``, returning no pairs) or, where no table applies, return views."""
-        flat, metadata = updater.transfers.receive_buffer(self.group_name, self.names, dtypes, self.shapes)
-        dist_transport.broadcast_async(group, flat).wait()
+        self.slot, flat, metadata = updater.transfers.receive_pooled(self.group_name, self.names, dtypes,
+                                                                     self.shapes)
         payload = {"flattened_tensor": flat, "metadata": metadata}
         self.bound = updater.transfers.buckets.lookup(updater.model, payload, resident=True)
         return [] if self.bound is not None else bucket.unpack(payload)
 
     def write(self, updater: "Updater", timer: PhaseTimer) -> Applied:
-        if self.bound is not None:
-            return write_bound(updater, self.bound, timer)
-        return write_tensors(updater, self.tensors, True, timer)
+        if self.bound is None:
+            return write_tensors(updater, self.tensors, True, timer)
+        # The receive buffer is the engine's own: no sender waits to reuse it, and the next
+        # receive into it waits for this copy on the device (``ReceivePool.read_launched``),
+        # so on a GPU the host goes on to the next bucket while this one is copied. What runs
+        # next on the engine's stream (a forward pass, a snapshot, a read) sees the new weights.
+        pool = updater.transfers.receive_pool(self.group_name)
+        applied = write_bound(updater, self.bound, timer, wait=not pool.overlap)
+        pool.read_launched(self.slot)
+        return applied
 
 
 @dataclass

@@ -195,19 +195,29 @@ class ReceivePool:
     to the largest bucket given to it; a grown buffer is new memory, and ``buffer_for``
     returns the storage it replaced, so the caller forgets what it built on that one.
     The memory held: ``num_buffers`` buffers of the largest bucket, until ``clear``
-    (the group is destroyed)."""
+    (the group is destroyed).
 
-    def __init__(self, device, num_buffers: int = 2):
+    On a GPU (``overlap``) a bucket is received on a stream of the pool's own, which waits
+    only for the last copy out of the same buffer (``read_launched``), not for everything
+    the engine's stream has queued: the next bucket arrives while the last one is still
+    being copied into the weights, and the engine's stream waits for the bytes before it
+    reads them. Nothing waits on the host."""
+
+    def __init__(self, device, num_buffers: int = 2, overlap: bool = True):
         self.device = torch.device(device)
+        self.overlap = overlap and self.device.type == "cuda"
         self.buffers: list[torch.Tensor | None] = [None] * num_buffers
+        self.read_done: list = [None] * num_buffers         # per buffer: the last copy out of it (CUDA event)
         self.layouts: dict[tuple, tuple[list, int]] = {}  # announcement -> (metadata, slot)
         self._next_slot = 0
+        self._stream = None
 
     def buffer_for(self, names, dtypes, shapes):
-        """``(flat, metadata, replaced)``: the bytes this announcement's bucket is received
-        into (a 1-D uint8 tensor of exactly its length, always the same memory for the same
-        layout unless the buffer grew), its byte layout (``bucket.layout``), and the
-        storage a grown buffer replaced (None if none). ``dtypes``: torch dtypes."""
+        """``(slot, flat, metadata, replaced)``: which buffer this announcement's bucket is
+        received into and its bytes (a 1-D uint8 tensor of exactly the bucket's length,
+        always the same memory for the same layout unless the buffer grew), its byte layout
+        (``bucket.layout``), and the storage a grown buffer replaced (None if none).
+        ``dtypes``: torch dtypes."""
         key = (tuple(names), tuple(dtypes), tuple(tuple(int(x) for x in s) for s in shapes))
         known = self.layouts.get(key)
         if known is None:
@@ -221,7 +231,29 @@ class ReceivePool:
         if buf is None or buf.numel() < need:
             replaced = None if buf is None else buf.untyped_storage()
             buf = self.buffers[slot] = torch.empty(need, dtype=torch.uint8, device=self.device)
-        return buf[:need], metadata, replaced
+        return slot, buf[:need], metadata, replaced
+
+    def receive(self, group, slot: int, flat: torch.Tensor) -> None:
+        """Take part in rank 0's broadcast into ``flat`` (buffer ``slot``); afterwards the
+        engine's current stream sees the bytes (on a CPU: they are there)."""
+        if not self.overlap:
+            broadcast_async(group, flat).wait()
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        if self.read_done[slot] is not None:  # the last copy out of this buffer has been queued: wait for it
+            self._stream.wait_event(self.read_done[slot])
+        with torch.cuda.stream(self._stream):
+            broadcast_async(group, flat).wait()  # the pool's stream waits for the collective
+        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+
+    def read_launched(self, slot: int) -> None:
+        """Everything that reads buffer ``slot`` is queued on the current stream: a later
+        receive into it waits for that, and for nothing else."""
+        if self.overlap:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self.read_done[slot] = event
 
     @property
     def nbytes(self) -> int:
@@ -231,5 +263,6 @@ class ReceivePool:
         """Free the buffers; returns their storages (for the caller to forget)."""
         storages = [b.untyped_storage() for b in self.buffers if b is not None]
         self.buffers = [None] * len(self.buffers)
+        self.read_done = [None] * len(self.buffers)
         self.layouts.clear()
         return storages
