@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.capture import no_collection_while_capturing
 from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.sequence import Sequence
 from course_lib.layers.attention import Attention, AttentionMetadata
@@ -179,6 +180,10 @@ class ModelRunner:
     def capture_cudagraphs(self) -> None:
         if not self.config.is_cuda:
             raise RuntimeError("CUDA graphs need device='cuda'")
+        with no_collection_while_capturing(collect_first=True):
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         sizes = sorted(set(self.config.cuda_graph_batch_sizes or default_graph_batch_sizes(self.config.max_num_seqs)))
         rows, width = max(sizes), self.max_blocks_per_seq
         self.static = {
@@ -258,3 +263,4 @@ class ModelRunner:
         s["block_tables"][:bs].copy_(meta.block_tables)
         self.graphs[bs].replay()
         return self.graph_outputs[bs][:batch]
+

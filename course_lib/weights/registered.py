@@ -48,9 +48,10 @@ import operator
 
 import torch
 
+from course_lib import settings
+from course_lib.capture import no_collection_while_capturing
 from course_lib.exercises import is_reference, is_written
 from course_lib.weights import scatter_copy
-from course_lib import settings
 from course_lib.dtypes import DtypeError, dtype_name, parse_dtype
 from course_lib.weights.bucket import ALIGN, align_up
 from course_lib.weights.copy_plan import CopyPlan
@@ -412,7 +413,8 @@ class RegisteredTable:
         stream = torch.cuda.Stream(device=self.buffers[0].device)
         stream.wait_stream(torch.cuda.current_stream(self.buffers[0].device))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with no_collection_while_capturing(), \
+                torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             for dst, src in zip(dsts, srcs):
                 dst.copy_(src)
         self.graphs[k] = graph
