@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh          tests + judge + benchmarks at ~0.6B / ~1.7B
 #   bash scripts/gpu_check.sh tests    tests and the judge only (no benchmarks)
 #   bash scripts/gpu_check.sh large    the ~8B decode and update benchmarks only
-#   bash scripts/gpu_check.sh two-gpu  (two GPUs) tests/test_tp.py, then the NCCL trainer -> engine broadcast
+#   bash scripts/gpu_check.sh two-gpu  (two GPUs) the NCCL teardown probe, tests/test_tp.py and tests/test_two_gpus.py, then the NCCL trainer -> engine broadcast
 #                                      against a raw NCCL broadcast at ~1.7B and ~8B (exit 3 with fewer GPUs)
 #   bash scripts/gpu_check.sh broadcast  (one GPU) the NCCL teardown probe, then the broadcast benchmark at ~1.7B over
 #                                      gloo from host memory, three rounds: the engine's own phases per bucket
@@ -116,7 +116,7 @@ if [ "${1:-}" = "two-gpu" ]; then  # issue "Two GPUs": the TP=2 tests, then trai
         exit 3
     fi
     PYTHONPATH=$PWD python scripts/nccl_graph_teardown.py 2>&1 | tee "$out/nccl_graph_teardown.txt" || status=1
-    timeout 300 python -m pytest -p no:cacheprovider -q -rfEs tests/test_tp.py -o faulthandler_timeout=240 \
+    timeout 300 python -m pytest -p no:cacheprovider -q -rfEs tests/test_tp.py tests/test_two_gpus.py -o faulthandler_timeout=240 \
         2>&1 | tee "$out/pytest_tp.log" || status=1
     for preset in qwen3-1.7b qwen3-8b; do
         python -m course_lib.bench transports --two-gpus --broadcast-preset $preset --bucket-mb 512 \

@@ -85,6 +85,8 @@ def test_tp2_on_two_gpus_with_nccl_and_cuda_graphs(ckpts):
             assert all(torch.equal(hot[k], cold[k].cpu()) for k in cold), rank
         # The graphs replay the new weights: decode equals a TP=1 engine cold on B.
         assert greedy_tokens(eng, PROMPTS) == greedy_tokens(Engine(b, device="cuda", dtype="float32"), PROMPTS)
+    # Closed cleanly: the worker left the group and exited, and so did this process.
+    assert eng.close() == [0] and not torch.distributed.is_initialized()
 
 
 def test_each_rank_holds_only_its_slices(on_a, ckpts):
