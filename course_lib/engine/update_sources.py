@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from course_lib.dtypes import DtypeError, parse_dtype, parse_dtypes
-from course_lib.exercises import is_reference
 from course_lib.engine.records import AUDIT_ALL, AUDIT_NONE, Applied, Audit, Snapshot
+from course_lib.exercises import is_reference
 from course_lib.layers.quant import QuantizedLinearMethod, discard_staged_weights, process_weights_after_loading
 from course_lib.models.qwen3 import hf_tensor_shapes
 from course_lib.weights import bucket, direct_quant, registered, safe_pickle
@@ -334,7 +334,7 @@ class BroadcastSource(UpdateSource):
     """A trainer's broadcast over a weight-update group, received even when refused.
 
     An accepted flattened bucket is received into the group's receive buffer for its
-    layout (``Transfers.receive_buffer``) and, where the bucket cache applies, written as
+    layout (``Transfers.receive_pooled``) and, where the bucket cache applies, written as
     a cached bucket (``TensorSource``'s fast path): from the second step on, one broadcast
     and one copy. Elsewhere (a refused update, a tensor-parallel rank, a quantized engine,
     a learner's ``receive_bucket``) ``dist.receive_bucket`` receives it into fresh memory."""
@@ -380,7 +380,7 @@ class BroadcastSource(UpdateSource):
                     tensors.append((n, t))
             timer.lap("transfer")
             return tensors
-        self.bound = None
+        self.bound, self.slot = None, None
         nbytes, self.tensors = receive_even_if_refused(check, receive)
         if self.bound is not None:
             check_bound(updater, self.bound, updater.transfers.buckets, self.refuse_non_finite)
@@ -408,7 +408,11 @@ class BroadcastSource(UpdateSource):
 
     def write(self, updater: "Updater", timer: PhaseTimer) -> Applied:
         if self.bound is None:
-            return write_tensors(updater, self.tensors, True, timer)
+            try:
+                return write_tensors(updater, self.tensors, True, timer)
+            finally:  # views of a pooled buffer (no table applied): its next receive waits for these reads
+                if self.slot is not None:
+                    updater.transfers.receive_pool(self.group_name).read_launched(self.slot)
         # The receive buffer is the engine's own: no sender waits to reuse it, and the next
         # receive into it waits for this copy on the device (``ReceivePool.read_launched``),
         # so on a GPU the host goes on to the next bucket while this one is copied. What runs
