@@ -263,4 +263,3 @@ class ModelRunner:
         s["block_tables"][:bs].copy_(meta.block_tables)
         self.graphs[bs].replay()
         return self.graph_outputs[bs][:batch]
-
