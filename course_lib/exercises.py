@@ -13,8 +13,8 @@ around), so a learner in chapter 02 is not sent to chapter 04 first.
 on a student edition with only that chapter's and the earlier chapters' parts written.
 
 The other question, ``is_reference``: is this part the instructor edition's? A fast path
-that does a learner's part's work its own way (``weights/direct_quant.py``, the copy
-tables of ``weights/registered.py``) may run only where that part is the reference, so it
+that does a learner's part's work its own way (``weights/commit/direct_quant.py``, the copy
+tables of ``weights/commit/copy_table.py``) may run only where that part is the reference, so it
 can never hide a wrong one. The answer comes from a stable marker, ``edition.py`` (which
 edition this tree is, and which regions a maintainer's copy swapped), and from where the
 function was defined (a function replaced at run time by a test or a notebook is not the

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

@@ -10,7 +10,7 @@
 | ``COURSE_LIB_COPY_PLAN`` | ``0``: unquantized one-rank updates take the general loaders, not the copy plan | on |
 | ``COURSE_LIB_FUSED_KERNELS`` | ``0``: the GPU forward pass runs plain torch ops, not the fused Triton kernels (``layers/fused.py``); ``interpret``: the fused kernels also on the CPU, through Triton's interpreter (tests) | on |
 | ``COURSE_LIB_DIRECT_QUANT`` | ``0``: quantized updates take the general path, not the direct requantization | on |
-| ``COURSE_LIB_REGISTERED_COPY`` | how a registered bucket is copied: ``loop``, ``foreach``, ``graph`` or ``scatter`` | by device (``weights/registered.py``) |
+| ``COURSE_LIB_REGISTERED_COPY`` | how a registered bucket is copied: ``loop``, ``foreach``, ``graph`` or ``scatter`` | by device (``weights/commit/copy_table.py``) |
 | ``COURSE_LIB_GROUP_CONNECT_TIMEOUT_S`` | seconds joining a weight-update process group may take | ``30`` |
 | ``COURSE_LIB_MAX_STORAGE_BYTES`` | the most bytes one storage in an unpickled payload may declare | ``64 << 30`` (64 GiB) |
 

@@ -24,9 +24,9 @@ import torch
 
 from course_lib import Engine
 from course_lib.bench.update import median_time
-from course_lib.weights import pinned_reader
+from course_lib.weights.checkpoint import pinned_reader
 from course_lib.weights.checkpoint import CheckpointReader, make_random
-from course_lib.weights.layerwise import layer_key
+from course_lib.weights.commit.layerwise import layer_key
 
 
 def pinned_h2d_gbps(nbytes: int) -> float:

@@ -18,7 +18,7 @@ from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, write_checkpoint
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["nothing half-written", "stays"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ REWRITE_MIDWAY = textwrap.dedent("""
     from course_lib import Engine
     from course_lib.layers.quant import kernel_tensors
     from course_lib.weights.checkpoint import CheckpointReader
-    from course_lib.weights.update import UpdateError
+    from course_lib.weights.commit.validate import UpdateError
     old, new, how = sys.argv[1:4]
     engine = Engine(old)
     before = {k: v.clone() for k, v in kernel_tensors(engine.model).items()}

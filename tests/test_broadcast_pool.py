@@ -1,6 +1,6 @@
 """A trainer's broadcast step after step: the engine receives each announced layout into
 the same buffer every step (``dist.ReceivePool``) and writes it through one copy table
-built once (``weights/bucket_cache.py``); hot == cold each step, refusals change nothing,
+built once (``weights/commit/bucket_cache.py``); hot == cold each step, refusals change nothing,
 and the buffers go when the group does. Real gloo groups, the trainer a thread here."""
 import queue
 import threading
@@ -13,7 +13,7 @@ from course_lib.engine.pause import EngineBusyError
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import dist
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["the same buffers", "every step"]
 BUCKET_BYTES = 60_000

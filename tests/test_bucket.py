@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from course_lib.weights import bucket
+from course_lib.weights.transports import bucket
 
 PAIRS = [
     ("f32", torch.arange(5, dtype=torch.float32)),

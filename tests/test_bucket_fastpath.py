@@ -1,4 +1,4 @@
-"""Flattened buckets sent every step (weights/bucket_cache.py): each layout validated once,
+"""Flattened buckets sent every step (weights/commit/bucket_cache.py): each layout validated once,
 each bucket one copy through the registered path's copy table. The bytes written equal the
 registered path's and the general path's; a bad bucket is refused whole, naming what is
 wrong, with nothing changed, whether its layout was seen before or not; hot == cold."""
@@ -11,14 +11,15 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold, plugged_commit
-from course_lib.weights import bucket, bucket_cache
-from course_lib.weights.audit import AddressMovedError
-from course_lib.weights.bucket import FlattenedTensorMetadata
+from course_lib.weights.transports import bucket
+from course_lib.weights.commit import bucket_cache
+from course_lib.weights.commit.audit import AddressMovedError
+from course_lib.weights.transports.bucket import FlattenedTensorMetadata
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.ipc import BucketSender
 from course_lib.weights.transports.registered import RegisteredSender
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["buckets every step", "validated once"]
 CTX = mp.get_context("spawn")

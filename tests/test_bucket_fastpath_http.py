@@ -1,4 +1,4 @@
-"""Flattened buckets over HTTP take the bucket fast path (weights/bucket_cache.py): a trainer
+"""Flattened buckets over HTTP take the bucket fast path (weights/commit/bucket_cache.py): a trainer
 that posts the same model's weights step after step from the same two buffers (CPU shared
 memory, in this process, as test_server_protocol's bucket test sends them) has each layout
 validated once and, from the second step on, every bucket copied through its cached table;
@@ -17,7 +17,7 @@ from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold  # noqa: E402
 from course_lib.weights import bucket, safe_pickle  # noqa: E402
-from course_lib.weights.bucket import FlattenedTensorMetadata  # noqa: E402
+from course_lib.weights.transports.bucket import FlattenedTensorMetadata  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader  # noqa: E402
 from course_lib.weights.transports.ipc import BucketSender  # noqa: E402
 

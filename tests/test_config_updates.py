@@ -12,7 +12,7 @@ from course_lib.config import ModelConfig
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold, prompt_logits
 from course_lib.weights.checkpoint import CheckpointReader, write_checkpoint
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["config fields", "applied or refused"]
 

@@ -7,7 +7,7 @@ import torch
 from course_lib import Engine
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
-from course_lib.weights.copy_plan import CopyPlan, checkpoint_view
+from course_lib.weights.commit.copy_plan import CopyPlan, checkpoint_view
 
 
 def model_of(config, seed=0, **kw):

@@ -8,7 +8,7 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights.audit import AddressMovedError
+from course_lib.weights.commit.audit import AddressMovedError
 from course_lib.weights.transports import trainer
 
 pytestmark = pytest.mark.cuda
@@ -78,7 +78,7 @@ def test_rebinding_is_invisible_to_a_captured_graph_and_the_audit_catches_it(ckp
 
 @pytest.mark.parametrize("disk_reader", ["own", "instanttensor"])
 def test_pinned_reader_reads_exactly_what_the_cpu_reader_reads(make_ckpt, monkeypatch, disk_reader):
-    from course_lib.weights import instanttensor_reader, pinned_reader
+    from course_lib.weights.checkpoint import instanttensor_reader, pinned_reader
     from course_lib.weights.checkpoint import CheckpointReader
     if disk_reader == "instanttensor" and instanttensor_reader.unavailable("cuda"):
         pytest.skip(instanttensor_reader.unavailable("cuda"))

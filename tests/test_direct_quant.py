@@ -13,13 +13,13 @@ from course_lib import Engine
 from course_lib.engine import update_sources
 from course_lib.exercises import is_reference
 from course_lib.layers import fused_quant, quant
-from course_lib.weights import direct_quant
+from course_lib.weights.commit import direct_quant
 from course_lib.layers.quant import QuantizedLinearMethod, kernel_tensors, pending_layers, staged_bytes
-from course_lib.weights.model_loader import build_model
+from course_lib.weights.checkpoint.model_loader import build_model
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold, plugged_commit
 from course_lib.weights.checkpoint import CheckpointReader, preset, write_checkpoint
-from course_lib.weights.audit import AddressMovedError
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.audit import AddressMovedError
+from course_lib.weights.commit.validate import UpdateError
 
 # GPU_TEST_SHAPE's dimensions in float32: q, k, v, gate and up each start on a 128-row
 # boundary, so every FP8 tile belongs to one shard and the direct path takes FP8 updates too.

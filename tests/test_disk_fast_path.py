@@ -11,13 +11,15 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights import checkpoint, instanttensor_reader, pinned_reader, rollback
+from course_lib.weights.checkpoint import reader as checkpoint
+from course_lib.weights.checkpoint import instanttensor_reader, pinned_reader
+from course_lib.weights.commit import rollback
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, write_checkpoint
-from course_lib.weights.layerwise import layer_key
-from course_lib.weights.pinned_reader import iter_safetensors_to_gpu, plan_segments
-from course_lib.weights.safetensors_format import (check_unchanged, file_identity, iter_safetensors_file,
+from course_lib.weights.commit.layerwise import layer_key
+from course_lib.weights.checkpoint.pinned_reader import iter_safetensors_to_gpu, plan_segments
+from course_lib.weights.checkpoint.safetensors_format import (check_unchanged, file_identity, iter_safetensors_file,
                                                    open_checked, read_safetensors_header, tensor_entries)
-from course_lib.weights.update import UpdateError, check_finite
+from course_lib.weights.commit.validate import UpdateError, check_finite
 
 PROMPTS = ["the fast path", "writes what the plain path writes"]
 GPU_SHAPE = GPU_TEST_SHAPE

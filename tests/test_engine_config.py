@@ -10,7 +10,7 @@ from course_lib.engine.updater import Updater
 from course_lib.engine.update_sources import receive_even_if_refused
 from course_lib.testing import assert_hot_equals_cold, cold_engine_like
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 
 from course_lib import Engine, edition
 from course_lib.exercises import is_reference, is_written
-from course_lib.weights.copy_plan import CopyPlan
+from course_lib.weights.commit.copy_plan import CopyPlan
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "practice"))
@@ -64,7 +64,7 @@ def test_a_function_replaced_at_run_time_is_not_the_reference(monkeypatch):
 
 
 def _ask(root: Path) -> str:
-    code = ("from course_lib.exercises import is_reference; from course_lib.weights.copy_plan import CopyPlan; "
+    code = ("from course_lib.exercises import is_reference; from course_lib.weights.commit.copy_plan import CopyPlan; "
             "print(is_reference(CopyPlan.apply, 'ch04.copy_in_place'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
@@ -76,7 +76,7 @@ def test_a_comment_edit_keeps_the_fast_path_and_a_swapped_region_turns_it_off(tm
     """The old digest of CopyPlan.apply's source switched the registered fast path off when
     a comment changed; the marker does not. A copy whose region was swapped says so."""
     shutil.copytree(REPO / "course_lib", tmp_path / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
-    target = tmp_path / "course_lib" / "weights" / "copy_plan.py"
+    target = tmp_path / "course_lib" / "weights" / "commit" / "copy_plan.py"
     text = target.read_text()
     edited = re.sub(r"(# BEGIN EXERCISE ch04.copy_in_place\n)", r"\1        # a maintainer's new comment\n", text)
     assert edited != text

@@ -12,8 +12,8 @@ import torch
 import torch._utils
 import torch.multiprocessing.reductions as reductions
 
-from course_lib.weights import bucket, safe_pickle
-from course_lib.weights.bucket import BucketError, FlattenedTensorMetadata
+from course_lib.weights.transports import bucket, safe_pickle
+from course_lib.weights.transports.bucket import BucketError, FlattenedTensorMetadata
 
 
 class Call:

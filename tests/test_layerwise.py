@@ -10,7 +10,7 @@ from course_lib.layers.quant import kernel_tensors, pending_layers
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader, write_checkpoint
 from course_lib.weights.transports.ipc import BucketSender
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["layer by layer", "one layer of extra memory"]
 

@@ -10,7 +10,7 @@ from course_lib import Engine
 from course_lib import production as prod
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights import checkpoint
+from course_lib.weights.checkpoint import reader as checkpoint
 from course_lib.weights.checkpoint import CheckpointReader, write_checkpoint
 
 PROMPTS = ["canary one", "a second fixed request", "three", "the fourth request of the set"]

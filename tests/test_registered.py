@@ -1,4 +1,4 @@
-"""Registered buffers (weights/registered.py): a real trainer process registers its shared
+"""Registered buffers (weights/commit/copy_table.py): a real trainer process registers its shared
 memory once, then sends bucket numbers; the fast path writes exactly what the bucket path
 writes; bad layouts, stale epochs and rebound weights are refused with nothing changed."""
 import multiprocessing as mp
@@ -11,13 +11,14 @@ from course_lib import Engine
 from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.exercises import is_reference
-from course_lib.weights import registered, safe_pickle, scatter_copy
+from course_lib.weights.commit import copy_table, scatter_copy
+from course_lib.weights.transports import safe_pickle
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.copy_plan import CopyPlan
-from course_lib.weights.registered import stream_layout
+from course_lib.weights.commit.copy_plan import CopyPlan
+from course_lib.weights.commit.copy_table import stream_layout
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.registered import RegisteredSender
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["registered once", "then only numbers"]
 CTX = mp.get_context("spawn")
@@ -180,7 +181,7 @@ def test_a_weight_rebound_after_registration_is_refused_before_anything_is_writt
 # ---- whose code copies: the table's copies stand in for chapter 04's commit step only ------------
 
 def test_the_commit_step_is_the_instructor_editions_here():
-    assert is_reference(CopyPlan.apply, registered.COMMIT_STEP)
+    assert is_reference(CopyPlan.apply, copy_table.COMMIT_STEP)
 
 
 def registered_run(engine, sent, mode="loop"):
@@ -204,7 +205,7 @@ def test_a_learners_commit_step_copies_every_registered_piece(ckpts, monkeypatch
         calls.append([name for name, _ in named_tensors])
         return original(self, named_tensors)
     monkeypatch.setattr(CopyPlan, "apply", learners_commit_step)
-    assert not is_reference(CopyPlan.apply, registered.COMMIT_STEP)
+    assert not is_reference(CopyPlan.apply, copy_table.COMMIT_STEP)
     engine = Engine(a)
     calls.clear()  # start-up does not copy through it; only the updates below count
     registered_run(engine, sent, mode="foreach")

@@ -14,7 +14,7 @@ from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_col
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import remote, trainer
 from course_lib.weights.transports.remote import WaitingForWeightsError
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 from course_lib.weights.transports.dist import free_port
 
 PROMPTS = ["seeded from a peer", "no disk read"]

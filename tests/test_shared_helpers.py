@@ -17,8 +17,8 @@ from course_lib.config import ConfigError, ModelConfig, resolve_dtype
 from course_lib.dtypes import DtypeError, dtype_name, parse_dtype, parse_dtypes, parse_safetensors_dtype
 from course_lib.server.errors import ApiError
 from course_lib.server.schemas import DistributedUpdateRequest, check_announced_tensors
-from course_lib.weights import bucket
-from course_lib.weights.safetensors_format import CheckpointError, safetensors_dtype
+from course_lib.weights.transports import bucket
+from course_lib.weights.checkpoint.safetensors_format import CheckpointError, safetensors_dtype
 from course_lib.weights.transports import dist, ipc, sparse
 
 REPO = Path(__file__).resolve().parents[1]

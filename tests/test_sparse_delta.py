@@ -11,7 +11,7 @@ from course_lib.layers.quant import kernel_tensors
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader, write_checkpoint
 from course_lib.weights.transports import delta, sparse
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["a few elements changed", "only the deltas travel"]
 # q/k/v and gate/up land in fused parameters; the embedding and a norm are plain ones.

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.weights.model_loader import load_model
+from course_lib.weights.checkpoint.model_loader import load_model
 from course_lib.engine.pause import EngineBusyError
 from course_lib.engine.tp import TPEngine
 from course_lib.testing import greedy_tokens, prompt_logits
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["split across ranks", "two halves make a whole"]
 ATOL = 2e-5

@@ -10,11 +10,11 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.transports import bucket, safe_pickle
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.ipc import BucketSender
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 from course_lib.weights.transports.dist import free_port
 
 PROMPTS = ["moving the bytes", "buckets of weights"]

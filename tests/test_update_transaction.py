@@ -8,9 +8,9 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
-from course_lib.weights.audit import AddressMovedError
+from course_lib.weights.commit.audit import AddressMovedError
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 PROMPTS = ["hot equals cold", "a second prompt that is a little longer"]
 
@@ -134,11 +134,11 @@ def test_partial_update_only_when_asked(ckpts, tmp_path):
 def test_audit_catches_a_rebinding_updater(ckpts, monkeypatch, staging):
     """The classic bug: ``param.data = new`` passes eager tests on CPU but a captured graph
     would keep reading the old memory. The audit turns it into an error naming the tensor."""
-    from course_lib.weights import layerwise, update
+    from course_lib.weights.commit import copy_plan, layerwise
 
     engine = Engine(ckpts[0])
     qkv = engine.model.model.layers[0].self_attn.qkv_proj
-    copy_in_place = update.copy_in_place
+    copy_in_place = copy_plan.copy_in_place
 
     def rebinding_load(model, named_tensors, device):
         copy_in_place(model, named_tensors, device)         # right values...
@@ -165,7 +165,7 @@ def test_audit_has_no_aba_hole_when_memory_is_freed_and_reused():
     only, a rebind followed by such a reuse would pass. The audit keeps the recorded
     storage alive, so every rebind shows up however the allocator behaves."""
     from torch import nn
-    from course_lib.weights.audit import AddressAudit
+    from course_lib.weights.commit.audit import AddressAudit
 
     class One(nn.Module):
         def __init__(self, shape):

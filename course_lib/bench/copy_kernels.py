@@ -4,7 +4,7 @@
 
 One engine, one registration (a resident trainer in this process: its weights live in
 the registered buffer), every bucket copied in one call per setting: the scatter kernel
-(``weights/scatter_copy.py``) with each chunk size, block and warp count; a ``copy_``
+(``weights/commit/scatter_copy.py``) with each chunk size, block and warp count; a ``copy_``
 loop and a CUDA graph of it. Each
 result is checked (every destination equals its source afterwards) and given as a share
 of one device-to-device copy of the same bytes measured in the same run. The module's
@@ -22,7 +22,7 @@ from tqdm import tqdm
 from course_lib import Engine
 from course_lib.bench import run_header, save_json
 from course_lib.bench.update import copy_baselines, median_time
-from course_lib.weights import scatter_copy
+from course_lib.weights.commit import scatter_copy
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.transports.registered import RegisteredSender
 

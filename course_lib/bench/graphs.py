@@ -30,7 +30,7 @@ import torch
 from course_lib import Engine
 from course_lib.config import is_cuda
 from course_lib.layers.quant import kernel_tensors
-from course_lib.weights.audit import AddressMovedError
+from course_lib.weights.commit.audit import AddressMovedError
 from course_lib.weights.checkpoint import make_random, preset
 
 PROMPTS = ["graphs remember addresses", "a second prompt that is somewhat longer than the first", "x" * 40]

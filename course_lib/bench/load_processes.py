@@ -162,7 +162,7 @@ def one_update(client, k: int, ckpts, weights, senders) -> dict:
 def send_update(client, transport: str, version: str, path, tensors, senders):
     """The update's replies, one per message; the version label changes with the last one,
     which also flushes the prefix cache."""
-    from course_lib.weights import bucket, safe_pickle
+    from course_lib.weights.transports import bucket, safe_pickle
 
     if transport == "disk":
         yield client.update_weights_from_disk(path, weight_version=version, flush_cache=True)

@@ -36,7 +36,7 @@ from course_lib import Engine
 from course_lib.bench import run_header, save_json
 from course_lib.bench.update import median_time, sync
 from course_lib.dtypes import parse_dtypes
-from course_lib.weights import bucket
+from course_lib.weights.transports import bucket
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
 from course_lib.weights.transports import dist as dist_transport
 from course_lib.weights.transports.dist import free_port

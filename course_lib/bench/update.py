@@ -42,11 +42,12 @@ from course_lib import Engine, settings
 from course_lib.bench import run_header, save_json
 from course_lib.config import is_cuda
 from course_lib.layers.quant import kernel_tensors
-from course_lib.weights import instanttensor_reader, registered
+from course_lib.weights.checkpoint import instanttensor_reader
+from course_lib.weights.commit import copy_table
 from course_lib.weights.checkpoint import CheckpointReader, make_random
-from course_lib.weights.layerwise import layer_key
+from course_lib.weights.commit.layerwise import layer_key
 from course_lib.weights.transports import trainer
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 
 def sync(device):
@@ -162,7 +163,7 @@ def registered_update(engine: Engine, path, bucket_bytes: int, resident: bool, r
     engine.pause_generation("abort")
     kind, registration = payloads.get(timeout=600)
     modes = {}
-    for mode in (registered.COPY_MODES if compare_modes else ()):
+    for mode in (copy_table.COPY_MODES if compare_modes else ()):
         if mode in ("graph", "scatter") and not is_cuda(engine.config.device):
             continue
         try:

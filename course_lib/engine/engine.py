@@ -19,14 +19,14 @@ from course_lib.engine.scheduler import Scheduler
 from course_lib.engine.sequence import SamplingParams, Sequence
 from course_lib.engine.updater import Updater, audited_extras
 from course_lib.tokenizer import ByteTokenizer
-from course_lib.weights.audit import AddressAudit
+from course_lib.weights.commit.audit import AddressAudit
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.copy_plan import CopyPlan
-from course_lib.weights.model_loader import dummy_model, load_model
+from course_lib.weights.commit.copy_plan import CopyPlan
+from course_lib.weights.checkpoint.model_loader import dummy_model, load_model
 from course_lib.weights.transports import remote
 from course_lib.weights.transports.dist import DEFAULT_BUCKET_BYTES
 from course_lib.weights.transports.remote import WaitingForWeightsError
-from course_lib.weights.update import copy_in_place
+from course_lib.weights.commit.copy_plan import copy_in_place
 
 
 class Engine:
@@ -41,7 +41,7 @@ class Engine:
     their cost records) and ``updater`` (``Updater``: every hot update, versions, health,
     snapshots). SGLang's method names are kept here as one-line delegations; each one's
     contract is on the part it delegates to. ``commit``: the commit step updates use
-    (``weights/update.py``'s ``copy_in_place``; a grader passes a learner's).
+    (``weights/commit/validate.py``'s ``copy_in_place``; a grader passes a learner's).
     """
 
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,

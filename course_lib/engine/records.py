@@ -8,7 +8,7 @@
 - ``Applied``: what an update source's write step reports back to the transaction.
 - ``UpdateResult``: one update's outcome; ``as_dict()`` is SGLang's reply with our fields.
 - ``Snapshot``: a host copy of every kernel-read tensor, for ``rollback``.
-- ``Registration``: a trainer's registered buffers (``weights/registered.py``) and its epoch.
+- ``Registration``: a trainer's registered buffers (``weights/commit/copy_table.py``) and its epoch.
 """
 from __future__ import annotations
 
@@ -110,5 +110,5 @@ class Registration:
     """A trainer's registered buffers: ``epoch`` counts registrations (an update must name
     the current one); ``table`` is None when nothing is registered."""
     epoch: int = 0
-    table: object | None = None         # a weights.registered.RegisteredTable
+    table: object | None = None         # a weights.copy_table.RegisteredTable
     copy_mode: str | None = None

@@ -39,7 +39,7 @@ from course_lib.engine.records import WAIT_TIMEOUT_S, Snapshot
 from course_lib.engine.update_sources import receive_even_if_refused
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports.trainer import wait_for_exit
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools (and CUDA)
 

@@ -4,7 +4,7 @@ buffers a trainer recently handed over in flattened buckets.
 ``Transfers`` holds that state for the ``Updater``; it writes no weight. The groups are
 ``torch.distributed`` groups a trainer broadcasts on (``init_weights_update_group``); the
 ``Registration`` is a trainer's reusable buffers and layout, validated once
-(``weights/registered.py``). Flattened buckets: ``buckets`` (``weights/bucket_cache.py``)
+(``weights/commit/copy_table.py``). Flattened buckets: ``buckets`` (``weights/commit/bucket_cache.py``)
 keeps each bucket layout validated once and, per trainer buffer, the copy table built for
 it, holding the buffer mapped, so a trainer that reuses its buffers step after step costs
 one handle opening per buffer, not one per bucket or per step; the IPC keep-alive maps the
@@ -19,10 +19,11 @@ import collections
 import torch
 
 from course_lib.engine.records import Registration
-from course_lib.weights import registered, safe_pickle
-from course_lib.weights.bucket_cache import BucketCache
+from course_lib.weights.commit import copy_table
+from course_lib.weights.transports import safe_pickle
+from course_lib.weights.commit.bucket_cache import BucketCache
 from course_lib.weights.transports import dist as dist_transport
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.validate import UpdateError
 
 
 class Transfers:
@@ -97,10 +98,10 @@ class Transfers:
         try:
             if isinstance(payload, (str, bytes)):
                 payload = safe_pickle.deserialize(payload)
-            table = registered.RegisteredTable.build(model, payload, self.device, partial)
-            mode = registered.copy_mode(self.device, copy_mode)
+            table = copy_table.RegisteredTable.build(model, payload, self.device, partial)
+            mode = copy_table.copy_mode(self.device, copy_mode)
             table.prepare(mode)
-        except registered.RegistrationError as exc:
+        except copy_table.RegistrationError as exc:
             raise UpdateError(f"registration refused: {exc}") from exc
         self.registration = Registration(self.registration.epoch + 1, table, mode)
         return {"success": True, "epoch": self.registration.epoch, "buckets": table.num_buckets,

@@ -7,7 +7,7 @@ model and returns a ``ValidatedUpdate`` (the source itself, the bytes it moves, 
 message, the phase timer) with nothing live changed; the updater's transaction then calls
 ``source.write(updater, timer)``, which writes the weights in place and returns
 ``Applied``. The writes go through the updater's commit step (``Updater.commit``:
-``weights/update.py``'s ``copy_in_place`` unless another was given), the model's loaders
+``weights/commit/validate.py``'s ``copy_in_place`` unless another was given), the model's loaders
 and post-processing, or the layer-by-layer reload.
 """
 from __future__ import annotations
@@ -23,14 +23,15 @@ from course_lib.engine.records import AUDIT_ALL, AUDIT_NONE, Applied, Audit, Sna
 from course_lib.exercises import is_reference
 from course_lib.layers.quant import QuantizedLinearMethod, discard_staged_weights, process_weights_after_loading
 from course_lib.models.qwen3 import hf_tensor_shapes
-from course_lib.weights import bucket, direct_quant, registered, safe_pickle
-from course_lib.weights import update as weights_update
-from course_lib.weights.layerwise import LayerwiseReload
+from course_lib.weights.transports import bucket, safe_pickle
+from course_lib.weights.commit import direct_quant, copy_table
+from course_lib.weights.commit.copy_plan import copy_in_place
+from course_lib.weights.commit.layerwise import LayerwiseReload
 from course_lib.weights.reshard import check_plan_matches, load_shards, receive_shards
-from course_lib.weights.rollback import GuardedLayerwiseReload, RollbackPoint
+from course_lib.weights.commit.rollback import GuardedLayerwiseReload, RollbackPoint
 from course_lib.weights.transports import dist as dist_transport
 from course_lib.weights.transports import remote, sparse
-from course_lib.weights.update import (PhaseTimer, UpdateError, check_finite, open_and_validate,
+from course_lib.weights.commit.validate import (PhaseTimer, UpdateError, check_finite, open_and_validate,
                                        stage_from_disk, validate_tensors)
 
 if TYPE_CHECKING:
@@ -137,10 +138,10 @@ def write_tensors(updater: "Updater", named_tensors, allow_pending: bool, timer:
     requantization (layers still waiting for shards stay staged when ``allow_pending``).
 
     A quantized engine on one rank requantizes straight into its kernel tensors where
-    ``weights/direct_quant.py`` may (the same bits, less than half the memory traffic),
+    ``weights/commit/direct_quant.py`` may (the same bits, less than half the memory traffic),
     unless the updater's commit step is another than the engine's own: that one runs."""
     model, config = updater.model, updater.config
-    if (config.quantization is not None and updater.commit is weights_update.copy_in_place
+    if (config.quantization is not None and updater.commit is copy_in_place
             and direct_quant.apply(model, named_tensors, config.device, allow_pending)):
         # The direct path wrote the quantized layers through views of the qweight and
         # weight_scale they hold now (it never rebinds); the rest went through the loaders.
@@ -175,12 +176,12 @@ def audit_while_copying(updater: "Updater", audit: Audit, timer: PhaseTimer) -> 
 
 
 def write_layerwise(updater: "Updater", reader, names, use_snapshot: bool, timer: PhaseTimer) -> Applied:
-    """Stream a checkpoint one decoder layer at a time (``weights/layerwise.py``), each
+    """Stream a checkpoint one decoder layer at a time (``weights/commit/layerwise.py``), each
     layer checked (finite values) before it is written and saved to a rollback point
-    (``weights/rollback.py``) just before; a fault midway puts the written layers back
+    (``weights/commit/rollback.py``) just before; a fault midway puts the written layers back
     (from the rollback point, or from the full snapshot when ``use_snapshot``).
     On a GPU the tensors are read in parallel into pinned buffers and arrive on the GPU
-    (``weights/pinned_reader.py``), reads overlapping the transfers and the writes."""
+    (``weights/checkpoint/pinned_reader.py``), reads overlapping the transfers and the writes."""
     model, config = updater.model, updater.config
     rollback = None if use_snapshot else RollbackPoint(model)
     reload = GuardedLayerwiseReload(model, names, config.device, rollback)
@@ -207,7 +208,7 @@ def write_layerwise(updater: "Updater", reader, names, use_snapshot: bool, timer
 
 
 def check_bound(updater: "Updater", bound, cache, refuse_non_finite: bool) -> None:
-    """A cached bucket (``weights/bucket_cache.py``) before anything is written: its
+    """A cached bucket (``weights/commit/bucket_cache.py``) before anything is written: its
     destinations still where its table found them (audited once, when the table is new),
     and its values finite where asked."""
     moved = bound.moved_destination()
@@ -285,7 +286,7 @@ class TensorSource(UpdateSource):
     ``validate`` returns None for an empty chunk.
 
     A flattened bucket whose layout was validated before, in a buffer seen before, takes
-    the fast path (``weights/bucket_cache.py``): one lookup stands for the checks, and
+    the fast path (``weights/commit/bucket_cache.py``): one lookup stands for the checks, and
     ``write`` makes one copy from the registered path's copy table; any other bucket is
     validated and then cached the same way, or, where the fast path does not apply,
     unpacked and written as pairs."""
@@ -546,7 +547,7 @@ class RemoteSource(UpdateSource):
 
 @dataclass
 class RegisteredSource(UpdateSource):
-    """Registered buckets (``weights/registered.py``): the epoch, the bucket numbers and
+    """Registered buckets (``weights/commit/copy_table.py``): the epoch, the bucket numbers and
     every destination checked where registration found it. ``write`` launches the copies,
     checks the destinations again while they run, and waits for them (the trainer reuses a
     buffer once the call returns)."""
@@ -565,7 +566,7 @@ class RegisteredSource(UpdateSource):
         try:
             self.numbers = self.table.check_buckets(self.buckets)
             self.table.check_destinations(self.numbers)
-        except registered.RegistrationError as exc:
+        except copy_table.RegistrationError as exc:
             raise UpdateError(str(exc)) from exc
         timer.lap("validate")
         nbytes = sum(self.table.nbytes[k] for k in self.numbers)
@@ -577,7 +578,7 @@ class RegisteredSource(UpdateSource):
         # weight, only where each one lives); then the wait, so the trainer may reuse buffers.
         try:
             self.table.check_destinations(self.numbers)
-        except registered.RegistrationError as exc:  # cannot happen unless a copy rebinds: say so loudly
+        except copy_table.RegistrationError as exc:  # cannot happen unless a copy rebinds: say so loudly
             updater.unhealthy = str(exc)
             raise UpdateError(str(exc)) from exc
         timer.lap("audit")

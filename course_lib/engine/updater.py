@@ -3,7 +3,7 @@
 ``Updater`` is built from a narrow core (the model, the scheduler, the block manager, the
 address audit and the model runner whose KV pool and graph outputs it audits), the
 engine's ``PauseControl``, and its commit step (``commit``: how validated tensors are
-copied into the model; ``weights/update.py``'s ``copy_in_place`` unless another is given,
+copied into the model; ``weights/commit/validate.py``'s ``copy_in_place`` unless another is given,
 as a grader gives a learner's). The engine composes it and keeps SGLang's method names
 as one-line delegations (``engine.py``).
 
@@ -41,9 +41,10 @@ from course_lib.engine.update_sources import (BroadcastSource, DiskSource, Regis
 from course_lib.layers.quant import discard_staged_weights, kernel_tensors, pending_layers
 from course_lib.layers.rotary import RotaryEmbedding
 from course_lib.tokenizer import ByteTokenizer
-from course_lib.weights.audit import AddressAudit, AddressMovedError
+from course_lib.weights.commit.audit import AddressAudit, AddressMovedError
 from course_lib.weights.transports import delta
-from course_lib.weights.update import UpdateError, copy_in_place
+from course_lib.weights.commit.validate import UpdateError
+from course_lib.weights.commit.copy_plan import copy_in_place
 
 
 def audited_extras(model_runner) -> dict:
@@ -315,13 +316,13 @@ class Updater:
 
     def register_weight_buffers(self, payload, partial: bool = False, copy_mode: str | None = None) -> dict:
         """Map a trainer's reusable buffers and validate its whole layout once
-        (``registered.stream_layout``'s shape: {"buffers", "buckets", "tensors"}, as a dict
+        (``copy_table.stream_layout``'s shape: {"buffers", "buckets", "tensors"}, as a dict
         or serialized like ``update_weights_from_tensor``'s payloads). Replaces an earlier
         registration; returns its ``epoch``, which every ``update_weights_from_registered``
         call must name (a trainer still sending for an old registration is refused). Writes
         no weight. Refused on quantized engines and tensor-parallel ranks. ``copy_mode``:
         how each bucket's copies run ("loop", "foreach", "graph" or "scatter"; default
-        ``registered.copy_mode``: on a GPU one scatter kernel per bucket, or a CUDA graph
+        ``copy_table.copy_mode``: on a GPU one scatter kernel per bucket, or a CUDA graph
         without Triton)."""
         self.refuse_sharded("registering buffers")
         return self.transfers.register(self.model, payload, partial, copy_mode)

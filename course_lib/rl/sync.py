@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.transports import bucket, safe_pickle
 from course_lib.weights.transports.ipc import BucketSender
 
 

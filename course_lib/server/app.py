@@ -30,7 +30,7 @@ from course_lib.server import streaming
 from course_lib.server.errors import ApiError, from_engine_exception, install_handlers
 from course_lib.server.guard import GuardMiddleware
 from course_lib.server.worker import EngineWorker
-from course_lib.weights import safe_pickle
+from course_lib.weights.transports import safe_pickle
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 
@@ -237,7 +237,7 @@ def decode_tensor_request(payload, load_format: str | None, tp_rank: int = 0) ->
     which picks ``payload[tp_rank]`` from a per-rank list as ``TensorSource`` does). A
     flattened bucket stays a bucket, with its load_format: the engine's ``TensorSource``
     then checks it, with one lookup where its layout and buffer were seen before
-    (``weights/bucket_cache.py``), and otherwise unpacks it and checks each entry, with the
+    (``weights/commit/bucket_cache.py``), and otherwise unpacks it and checks each entry, with the
     same errors (400 ``bad_request``). So its entries are checked on the engine thread,
     after the pause rules, as an in-process caller's are: a bad bucket posted while
     requests run unpaused is refused as busy (409) first. What is not even shaped like a
@@ -281,7 +281,7 @@ def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
 
 
 def add_registered_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
-    """Registered buffers (weights/registered.py): the layout once, then bucket numbers."""
+    """Registered buffers (weights/commit/copy_table.py): the layout once, then bucket numbers."""
 
     @app.post("/register_weight_buffers")
     async def register_weight_buffers(req: s.RegisterRequest, request: Request):

@@ -20,7 +20,7 @@ import time
 import httpx
 
 from course_lib.dtypes import dtype_name
-from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.transports import bucket, safe_pickle
 from course_lib.weights.transports.ipc import DEFAULT_BUCKET_BYTES, BucketSender
 
 

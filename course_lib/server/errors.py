@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from course_lib.engine.pause import EngineBusyError, EnginePausedError
-from course_lib.weights.audit import AddressMovedError
-from course_lib.weights.safe_pickle import UnsafePickleError
+from course_lib.weights.commit.audit import AddressMovedError
+from course_lib.weights.transports.safe_pickle import UnsafePickleError
 
 log = logging.getLogger("course_lib.server")
 

@@ -1,1 +1,2 @@
-"""Weights on disk and in flight: checkpoints, and (later) the update transaction and transports."""
+"""Weights: checkpoint I/O (``checkpoint/``), the in-place commit layer (``commit/``), the
+transports that bring new weights (``transports/``) and resharding (``reshard/``)."""

@@ -1,1 +1,3 @@
-"""Ways new weights reach the engine: in-memory handles (ipc), torch.distributed broadcast (dist)."""
+"""How new weights travel: flattened buckets and their wire format (``bucket.py``,
+``safe_pickle.py``), CUDA IPC (``ipc.py``), registered buffers (``registered.py``), a
+``torch.distributed`` broadcast (``dist.py``), sparse and byte-level deltas, remote seeding."""

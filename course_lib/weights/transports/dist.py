@@ -10,7 +10,7 @@ allocate a receive buffer of the right size.
 
 An engine that receives the same buckets step after step keeps its receive buffers
 (``ReceivePool``, one per group): each announced layout lands in the same buffer every
-step, so the engine's copy table for it (``weights/bucket_cache.py``) is built once, as
+step, so the engine's copy table for it (``weights/commit/bucket_cache.py``) is built once, as
 for a registered trainer buffer, and every later bucket is one broadcast and one copy.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from course_lib import settings
 from course_lib.dtypes import dtype_name
-from course_lib.weights import bucket
+from course_lib.weights.transports import bucket
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 # joining a group: reaching the store and every rank's rendezvous (the default of
@@ -154,7 +154,7 @@ def receive_bucket(group, names, dtypes, shapes, device) -> list[tuple[str, torc
       size) raises ``ValueError`` naming what is wrong, before this rank joins the
       collective (so a bad announcement never leaves the sender waiting half way);
     - this rank takes part in exactly one broadcast from rank 0 per call, with a buffer of
-      exactly the byte length the sender packed (the layout of ``weights/bucket.py``, which
+      exactly the byte length the sender packed (the layout of ``weights/transports/bucket.py``, which
       both ends derive from the announcement; any other length breaks the collective),
       an empty bucket included (zero bytes; returns ``[]``);
     - it returns validated (name, tensor) views into that buffer on ``device``, with the

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 
 from course_lib.config import is_cuda
-from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.transports import bucket, safe_pickle
 
 DEFAULT_BUCKET_BYTES = 256 << 20
 
@@ -54,7 +54,7 @@ class BucketSender:
 
     def payloads(self, named_tensors) -> Iterator[tuple[int, str]]:
         """(receipt, base64 payload) per bucket; payloads are ``load_format="flattened_bucket"``,
-        each the serialized (``safe_pickle``) byte-layout bucket of ``weights/bucket.py``.
+        each the serialized (``safe_pickle``) byte-layout bucket of ``weights/transports/bucket.py``.
 
         Promises:
         - buckets group the tensors, in order, as ``group_into_buckets(named_tensors,

@@ -1,4 +1,4 @@
-"""The trainer's side of registered buffers (``weights/registered.py``): share once, then
+"""The trainer's side of registered buffers (``weights/commit/copy_table.py``): share once, then
 send bucket numbers.
 
 ``RegisteredSender`` lays out the trainer's tensors once (``stream_layout``: a tensor may
@@ -21,8 +21,8 @@ from typing import Iterator
 import torch
 
 from course_lib.config import is_cuda
-from course_lib.weights import safe_pickle
-from course_lib.weights.registered import stream_layout
+from course_lib.weights.transports import safe_pickle
+from course_lib.weights.commit.copy_table import stream_layout
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 

@@ -5,7 +5,7 @@
 - ch03.quantize_fp8: ``quantize_fp8_block`` in course_lib/layers/quant.py
 - ch03.requantize_in_place: ``QuantizedLinearMethod.process_weights_after_loading`` in
   course_lib/layers/quant.py
-- ch03.layerwise_buffer: ``LayerwiseReload.feed`` in course_lib/weights/layerwise.py
+- ch03.layerwise_buffer: ``LayerwiseReload.feed`` in course_lib/weights/commit/layerwise.py
 
 Each test's name starts with its exercise's name, so ``-k quantize_int8`` runs one
 exercise's cases. Each case says what it expected in words.
@@ -16,12 +16,12 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import (process_weights_after_loading, quantize_fp8_block, quantize_int8_per_channel,
                                      staged_bytes)
-from course_lib.weights.model_loader import default_dtype
+from course_lib.weights.checkpoint.model_loader import default_dtype
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, random_state_dict
-from course_lib.weights.layerwise import LayerwiseReload, layer_key
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.layerwise import LayerwiseReload, layer_key
+from course_lib.weights.commit.validate import UpdateError
 
 INT8 = pytest.mark.exercise("ch03.quantize_int8")
 STAGE = pytest.mark.exercise("ch03.stage_shard")

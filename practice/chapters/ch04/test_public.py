@@ -1,8 +1,8 @@
 """Public tests for chapter 04's exercises (run them: python practice/judge.py test ch04).
 
-ch04.copy_in_place: ``CopyPlan.apply`` in course_lib/weights/copy_plan.py.
-ch04.record_addresses: ``AddressAudit.__init__`` in course_lib/weights/audit.py.
-ch04.address_audit: ``AddressAudit.violations`` in course_lib/weights/audit.py.
+ch04.copy_in_place: ``CopyPlan.apply`` in course_lib/weights/commit/copy_plan.py.
+ch04.record_addresses: ``AddressAudit.__init__`` in course_lib/weights/commit/audit.py.
+ch04.address_audit: ``AddressAudit.violations`` in course_lib/weights/commit/audit.py.
 Each case reports what it expected in words.
 """
 import pytest
@@ -11,9 +11,9 @@ import torch
 from course_lib import Engine
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold, plugged_commit
-from course_lib.weights.audit import AddressAudit, AddressMovedError
+from course_lib.weights.commit.audit import AddressAudit, AddressMovedError
 from course_lib.weights.checkpoint import make_random, preset, random_state_dict
-from course_lib.weights.copy_plan import CopyPlan
+from course_lib.weights.commit.copy_plan import CopyPlan
 
 CONFIG = preset("tiny", tie_word_embeddings=False)
 COPY, RECORD, AUDIT = (pytest.mark.exercise(f"ch04.{n}") for n in ("copy_in_place", "record_addresses", "address_audit"))

@@ -1,7 +1,7 @@
 """Public tests for chapter 05's exercises (run them: python practice/judge.py test ch05).
 
-ch05.pack_bucket: ``pack`` in course_lib/weights/bucket.py.
-ch05.validate_bucket: ``validate`` in course_lib/weights/bucket.py.
+ch05.pack_bucket: ``pack`` in course_lib/weights/transports/bucket.py.
+ch05.validate_bucket: ``validate`` in course_lib/weights/transports/bucket.py.
 ch05.ipc_sender: ``BucketSender.payloads`` in course_lib/weights/transports/ipc.py.
 ch05.receive_broadcast: ``receive_bucket`` in course_lib/weights/transports/dist.py.
 Each case reports what it expected in words.
@@ -13,8 +13,8 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights import bucket, safe_pickle
-from course_lib.weights.bucket import BucketError, FlattenedTensorMetadata
+from course_lib.weights.transports import bucket, safe_pickle
+from course_lib.weights.transports.bucket import BucketError, FlattenedTensorMetadata
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.transports import dist
 from course_lib.weights.transports.ipc import BucketSender

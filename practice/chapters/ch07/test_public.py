@@ -22,7 +22,7 @@ from course_lib.server.guard import GuardMiddleware
 from course_lib.server.runner import BackgroundServer
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.checkpoint import CheckpointReader, make_random
-from course_lib.weights.safe_pickle import UnsafePickleError
+from course_lib.weights.transports.safe_pickle import UnsafePickleError
 
 RULES, STATUS, FLUSH, FLOW = (pytest.mark.exercise(f"ch07.{n}")
                               for n in ("route_rules", "error_status", "flush_retry", "client_flow"))

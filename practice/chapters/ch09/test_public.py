@@ -12,7 +12,7 @@ import torch
 from course_lib import Engine
 from course_lib import production
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights.audit import kernel_tensors
+from course_lib.weights.commit.audit import kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, write_checkpoint
 
 FIRST, COMPARE, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}")

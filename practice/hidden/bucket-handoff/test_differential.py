@@ -57,7 +57,7 @@ class LazyEngine:
         self.posted = 0
 
     def post(self, payload):
-        from course_lib.weights import safe_pickle
+        from course_lib.weights.transports import safe_pickle
         if not isinstance(payload, (str, bytes)):
             raise TypeError(f"post takes a serialized bucket (str or bytes), got {type(payload).__name__}")
         opened = safe_pickle.deserialize(payload)
@@ -75,7 +75,7 @@ class LazyEngine:
     def apply_through(self, last):
         import torch
 
-        from course_lib.weights import bucket
+        from course_lib.weights.transports import bucket
         while self.pending and self.pending[0][0] <= last:
             receipt, opened = self.pending.pop(0)
             tensors = bucket.unpack(opened)

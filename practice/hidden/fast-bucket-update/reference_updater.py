@@ -3,7 +3,7 @@ checkpoint name to destination view, built once; per bucket, checks then copies.
 from __future__ import annotations
 
 from course_lib.weights.checkpoint import hf_tensor_shapes
-from course_lib.weights.copy_plan import checkpoint_view
+from course_lib.weights.commit.copy_plan import checkpoint_view
 
 
 class BucketUpdater:

@@ -57,7 +57,7 @@ def _checkpoints(shape, dtype):
 def _fault(entry, kind):
     import torch
 
-    from course_lib.weights.bucket import FlattenedTensorMetadata
+    from course_lib.weights.transports.bucket import FlattenedTensorMetadata
     size = entry.dtype.itemsize
     ok = dict(name=entry.name, shape=entry.shape, dtype=entry.dtype, start_idx=entry.start_idx,
               end_idx=entry.end_idx, numel=entry.numel)
@@ -79,7 +79,7 @@ def _fault(entry, kind):
 def updates(module, shape, dtype, seed, fraction, fault, fault_at):
     """Buckets of the second checkpoint applied to an engine on the first; what each apply did."""
     from course_lib import Engine
-    from course_lib.weights import bucket
+    from course_lib.weights.transports import bucket
     from course_lib.weights.checkpoint import CheckpointReader
     a, b = _checkpoints(shape, dtype)
     rng = random.Random(seed)

@@ -16,11 +16,11 @@ import bench
 import reference_updater
 from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights import bucket
-from course_lib.weights.audit import AddressMovedError
-from course_lib.weights.bucket import FlattenedTensorMetadata
+from course_lib.weights.transports import bucket
+from course_lib.weights.commit.audit import AddressMovedError
+from course_lib.weights.transports.bucket import FlattenedTensorMetadata
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
-from course_lib.weights.copy_plan import checkpoint_view
+from course_lib.weights.commit.copy_plan import checkpoint_view
 from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 SEED = hidden_seed()

@@ -33,9 +33,9 @@ import torch
 from course_lib import Engine
 from course_lib.bench import run_header
 from course_lib.bench.update import sync
-from course_lib.weights import bucket
+from course_lib.weights.transports import bucket
 from course_lib.weights.checkpoint import preset, random_state_dict
-from course_lib.weights.copy_plan import checkpoint_view
+from course_lib.weights.commit.copy_plan import checkpoint_view
 from course_lib.weights.transports.ipc import group_into_buckets
 
 FRACTION = 0.5  # the speed cases ask for at least this share of the reference's bytes/s

@@ -4,7 +4,7 @@ Where the time goes in a bucketed update of many small tensors is not the copies
 what surrounds each one: finding the parameter, working out the rows of a fused shard,
 checking. So everything that depends only on the model is worked out once, in
 ``__init__``: for each checkpoint name, the destination view (a ``narrow`` of the fused
-parameter for q/k/v and gate/up, from ``course_lib.weights.copy_plan.checkpoint_view``)
+parameter for q/k/v and gate/up, from ``course_lib.weights.commit.copy_plan.checkpoint_view``)
 and the shape it must have. ``apply`` then costs one
 dictionary lookup, a few integer checks and one ``copy_`` per tensor.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.weights.checkpoint import hf_tensor_shapes
-from course_lib.weights.copy_plan import checkpoint_view
+from course_lib.weights.commit.copy_plan import checkpoint_view
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

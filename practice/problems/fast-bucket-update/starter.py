@@ -5,7 +5,7 @@ in the right memory, but it is not yet what the problem asks for: read problem.m
 """
 from __future__ import annotations
 
-from course_lib.weights import bucket
+from course_lib.weights.transports import bucket
 
 
 class BucketUpdater:

@@ -4,8 +4,8 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights import bucket
-from course_lib.weights.audit import AddressMovedError
+from course_lib.weights.transports import bucket
+from course_lib.weights.commit.audit import AddressMovedError
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 
 import bench

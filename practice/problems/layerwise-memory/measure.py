@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from course_lib import Engine
 from course_lib.weights.checkpoint import CheckpointReader, random_state_dict, write_checkpoint
-from course_lib.weights.layerwise import layer_key
+from course_lib.weights.commit.layerwise import layer_key
 
 
 def write_pair(tmp_path, config, seeds=(1, 2)):

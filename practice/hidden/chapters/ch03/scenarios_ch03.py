@@ -281,7 +281,7 @@ def _layerwise_checkpoint(config_index: int, seed: int):
 
 def _layer_digests(model) -> dict:
     """One digest per layer of everything the kernels read (parameters and buffers)."""
-    from course_lib.weights.layerwise import layer_key
+    from course_lib.weights.commit.layerwise import layer_key
     import hashlib
     per = {}
     for name, t in sorted(list(model.named_parameters()) + list(model.named_buffers())):
@@ -309,7 +309,7 @@ def _feed_plan(bring: list, order: str, faults: list, stop_short: int, gen) -> l
     name the update does not bring (``index`` into those) or one it brings a second time at
     position ``at``; "nan" puts a NaN into the tensor of the ``index``-th name; the last
     ``stop_short`` are left out."""
-    from course_lib.weights.layerwise import layer_key
+    from course_lib.weights.commit.layerwise import layer_key
 
     def perm(n):
         return torch.randperm(n, generator=gen).tolist()
@@ -356,7 +356,7 @@ def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_nam
     import weakref
     from course_lib import Engine
     from course_lib.weights.checkpoint import random_state_dict
-    from course_lib.weights.layerwise import LayerwiseReload, layer_key
+    from course_lib.weights.commit.layerwise import LayerwiseReload, layer_key
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(seed)
     cfg, path = _layerwise_checkpoint(config, seed % 2)

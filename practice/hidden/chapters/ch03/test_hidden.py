@@ -20,13 +20,13 @@ import torch
 from course_lib import Engine
 from course_lib.layers.quant import (FP8_MAX, pending_layers, process_weights_after_loading, quantize_fp8_block,
                                      quantize_int8_per_channel, staged_bytes)
-from course_lib.weights.model_loader import default_dtype
+from course_lib.weights.checkpoint.model_loader import default_dtype
 from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights import layerwise
+from course_lib.weights.commit import layerwise
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
-from course_lib.weights.layerwise import LayerwiseReload, layer_key
-from course_lib.weights.update import UpdateError
+from course_lib.weights.commit.layerwise import LayerwiseReload, layer_key
+from course_lib.weights.commit.validate import UpdateError
 from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 INT8 = pytest.mark.exercise("ch03.quantize_int8")

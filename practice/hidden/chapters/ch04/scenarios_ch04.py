@@ -57,7 +57,7 @@ def _engine(seed: int, tied: bool):
 
 
 def _plan(engine, tied: bool):
-    from course_lib.weights.copy_plan import CopyPlan
+    from course_lib.weights.commit.copy_plan import CopyPlan
     plan = CopyPlan.for_model(engine.model)
     if tied:  # the contract's tied lm_head: a name the plan keeps with no view (skipped)
         plan = CopyPlan.from_views({**plan.views, "lm_head.weight": None})
@@ -165,7 +165,7 @@ def commit_trace(seed: int, tied: bool, ops: list) -> list:
 def audit_trace(seed: int, tied: bool, ops: list) -> list:
     """The engine's own audit (recorded at start-up by the learner's ``AddressAudit``) after
     random moves, clean updates and checks: its record, then one observation per operation."""
-    from course_lib.weights.audit import kernel_tensors
+    from course_lib.weights.commit.audit import kernel_tensors
     engine = _engine(seed, tied)
     names = sorted(_params(engine))
     audit = engine.address_audit
@@ -231,7 +231,7 @@ def record_case(seed: int, specs: list, container: str) -> dict:
     A spec is [storage index, view kind, dtype name]. Then the record is checked to keep the
     recorded memory: the tensors are dropped and new ones of the same sizes allocated; does any
     land at a recorded address?"""
-    from course_lib.weights.audit import AddressAudit
+    from course_lib.weights.commit.audit import AddressAudit
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(seed)
     bases = [torch.randn(int(torch.randint(8, 40, (1,), generator=gen)), int(torch.randint(4, 12, (1,), generator=gen)),

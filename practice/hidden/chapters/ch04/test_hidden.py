@@ -12,9 +12,9 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold, plugged_commit
-from course_lib.weights.audit import AddressAudit, AddressMovedError, TensorAddress, kernel_tensors
+from course_lib.weights.commit.audit import AddressAudit, AddressMovedError, TensorAddress, kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
-from course_lib.weights.copy_plan import CopyPlan
+from course_lib.weights.commit.copy_plan import CopyPlan
 from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 COPY, RECORD, AUDIT = (pytest.mark.exercise(f"ch04.{n}") for n in ("copy_in_place", "record_addresses", "address_audit"))

@@ -77,7 +77,7 @@ def pack_case(seed: int, specs: list, out_mode: str, extra: int = 0, device: str
     (a new buffer, on ``device`` when given), "exact" (a uint8 buffer exactly the bucket's
     size), "larger" (``extra`` bytes more), "short" (one byte short), "float32" (a float32
     buffer with room to spare) or "2d" (a 2-D uint8 buffer). Buffers start filled with 0xAB."""
-    from course_lib.weights import bucket
+    from course_lib.weights.transports import bucket
     torch.set_num_threads(1)
     pairs = make_pairs(seed, specs)
     need, end = 0, 0
@@ -126,7 +126,7 @@ def validate_case(seed: int, specs: list, corruption: str, k: int, layout: str =
     rules, written out here; "elements": SGLang's, one float32 buffer with element offsets),
     with entry ``k`` (modulo the count) corrupted as ``corruption`` says. Returns which error
     type (or None) and whether the buffer and the metadata were left alone."""
-    from course_lib.weights.bucket import FlattenedTensorMetadata, validate
+    from course_lib.weights.transports.bucket import FlattenedTensorMetadata, validate
     torch.set_num_threads(1)
     pairs = make_pairs(seed, specs)
     meta, chunks, end = [], [], 0
@@ -235,7 +235,7 @@ def sender_trace(seed: int, bucket_bytes: int, num_buffers: int, ops: list) -> l
     then the sender's buffers (allocated or not, their sizes, whether each is the one first
     made for its slot), what it holds in flight, and whether every held bucket's bytes are
     still what they were when it was handed over."""
-    from course_lib.weights import bucket, safe_pickle
+    from course_lib.weights.transports import bucket, safe_pickle
     from course_lib.weights.transports.ipc import BucketSender
     torch.set_num_threads(1)
     sender = BucketSender(bucket_bytes=bucket_bytes, num_buffers=num_buffers)

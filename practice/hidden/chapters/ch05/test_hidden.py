@@ -18,8 +18,8 @@ import torch
 
 from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights import bucket, safe_pickle
-from course_lib.weights.bucket import BucketError, FlattenedTensorMetadata
+from course_lib.weights.transports import bucket, safe_pickle
+from course_lib.weights.transports.bucket import BucketError, FlattenedTensorMetadata
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
 from course_lib.weights.transports import dist, trainer
 from course_lib.weights.transports.ipc import BucketSender

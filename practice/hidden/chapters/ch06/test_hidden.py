@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from course_lib.engine.tp import TPEngine
-from course_lib.weights.model_loader import load_model
+from course_lib.weights.checkpoint.model_loader import load_model
 from course_lib.layers.quant import process_weights_after_loading
 from course_lib.testing import random_partition
 from course_lib.weights import reshard as R

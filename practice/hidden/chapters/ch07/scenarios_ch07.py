@@ -33,12 +33,12 @@ MESSAGE_END = "the engine refuses work until restarted"
 
 def _exception_classes():
     from course_lib.engine.pause import EngineBusyError, EnginePausedError
-    from course_lib.weights.audit import AddressMovedError
-    from course_lib.weights.bucket import BucketError
-    from course_lib.weights.registered import RegistrationError
-    from course_lib.weights.safe_pickle import UnsafePickleError
-    from course_lib.weights.safetensors_format import CheckpointError
-    from course_lib.weights.update import UpdateError
+    from course_lib.weights.commit.audit import AddressMovedError
+    from course_lib.weights.transports.bucket import BucketError
+    from course_lib.weights.commit.copy_table import RegistrationError
+    from course_lib.weights.transports.safe_pickle import UnsafePickleError
+    from course_lib.weights.checkpoint.safetensors_format import CheckpointError
+    from course_lib.weights.commit.validate import UpdateError
     return {"EnginePausedError": EnginePausedError, "EngineBusyError": EngineBusyError,
             "UnsafePickleError": UnsafePickleError, "AddressMovedError": AddressMovedError,
             "TimeoutError": TimeoutError, "ValueError": ValueError, "UpdateError": UpdateError,
@@ -288,7 +288,7 @@ class ScriptedServer(ThreadingHTTPServer):
 
 
 def _decode_bucket(payload: str):
-    from course_lib.weights import bucket, safe_pickle
+    from course_lib.weights.transports import bucket, safe_pickle
     return bucket.unpack(safe_pickle.deserialize(payload))
 
 

@@ -27,9 +27,9 @@ from course_lib.server.errors import ApiError, from_engine_exception
 from course_lib.server.guard import OPEN_ROUTES, WEIGHT_ROUTES, GuardMiddleware
 from course_lib.server.runner import BackgroundServer
 from course_lib.testing import assert_hot_equals_cold
-from course_lib.weights.audit import AddressMovedError
+from course_lib.weights.commit.audit import AddressMovedError
 from course_lib.weights.checkpoint import CheckpointReader, preset, random_state_dict, write_checkpoint
-from course_lib.weights.safe_pickle import UnsafePickleError
+from course_lib.weights.transports.safe_pickle import UnsafePickleError
 from conftest import hidden_seed  # the judge's plugin: a fixed seed, so a grade repeats
 
 RULES, STATUS, FLUSH, FLOW = (pytest.mark.exercise(f"ch07.{n}")

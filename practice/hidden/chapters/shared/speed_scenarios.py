@@ -46,7 +46,7 @@ def commit(rounds: int = 5, layers: int = 8, hidden: int = 2048) -> dict:
     from course_lib import Engine
     from course_lib.models.qwen3 import hf_tensor_shapes
     from course_lib.weights.checkpoint import make_random, preset
-    from course_lib.weights.update import copy_in_place
+    from course_lib.weights.commit.copy_plan import copy_in_place
 
     config = preset("qwen3-0.6b", num_hidden_layers=layers, hidden_size=hidden, intermediate_size=3 * hidden,
                     vocab_size=32768, bos_token_id=1, eos_token_id=2)
@@ -70,7 +70,7 @@ def commit(rounds: int = 5, layers: int = 8, hidden: int = 2048) -> dict:
 def sender(rounds: int = 5, total_mb: int = 512, bucket_mb: int = 64) -> dict:
     """The bucket sender (chapter 05): device tensors packed into reused buffers, each payload
     handed over (serialized) and released, as a trainer does every step."""
-    from course_lib.weights import bucket
+    from course_lib.weights.transports import bucket
     from course_lib.weights.transports.ipc import BucketSender
 
     n = 32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.weights import bucket, safe_pickle
+from course_lib.weights.transports import bucket, safe_pickle
 from course_lib.weights.transports.ipc import group_into_buckets
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.weights.checkpoint import hf_tensor_shapes
-from course_lib.weights.copy_plan import checkpoint_view
+from course_lib.weights.commit.copy_plan import checkpoint_view
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -25,7 +25,7 @@ if quality is not None:
     if result["quality"] < min_quality:
         result["reasons"].append(f"quality {result['quality']:.4f} is below {min_quality:.4f}")
 if result["reasons"]:
-    from course_lib.weights.audit import kernel_tensors
+    from course_lib.weights.commit.audit import kernel_tensors
     live = kernel_tensors(engine.model)
     for name, host in engine.snapshot.tensors.items():
         live[name].data = host.clone()

@@ -17,9 +17,7 @@ from typing import Iterable
 import torch
 
 from course_lib.config import ModelConfig
-from course_lib.exercises import is_written
 from course_lib.weights.checkpoint import CheckpointError, CheckpointReader, hf_tensor_shapes
-from course_lib.weights.copy_plan import CopyPlan
 
 
 class UpdateError(ValueError):
@@ -87,20 +85,6 @@ def stage_from_disk(reader: CheckpointReader, names: Iterable[str] | None = None
     """Read every tensor into host memory, so a truncated or corrupt file fails here,
     before the commit, and never halfway through it."""
     return dict(reader.iter_tensors(names))
-
-
-def copy_in_place(model, named_tensors, device) -> None:
-    """The commit step: copy validated (name, tensor) pairs into the live parameters, in
-    place (never rebinding one): through the model's copy plan where it has one
-    (unquantized, one rank), else through its loaders (fusion, TP slicing, staging for
-    requantization). On GPU the copies may still be running when it returns."""
-    plan = CopyPlan.for_model(model)
-    # The student edition before chapter 04: the plan's commit step is unwritten, so the
-    # loaders commit instead (the part is switched off, never routed around once written).
-    if plan is not None and is_written(CopyPlan.apply, "ch04.copy_in_place"):
-        plan.apply(named_tensors)  # copies from wherever the tensors are, straight into the weights
-        return
-    model.load_weights((name, t.to(device, non_blocking=True)) for name, t in named_tensors)
 
 
 def check_finite(named_tensors) -> None:

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 import torch.multiprocessing.reductions as reductions
 
 from course_lib import settings
-from course_lib.weights.bucket import FlattenedTensorMetadata
+from course_lib.weights.transports.bucket import FlattenedTensorMetadata
 
 
 class UnsafePickleError(ValueError):
@@ -287,7 +287,7 @@ _REPLACED = {  # checked stand-ins for the functions a payload may call
     ("_codecs", "encode"): _encode,  # how protocol 2 spells bytes
     ("numpy.core.multiarray", "_reconstruct"): _np_reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _np_reconstruct,
-    ("course_lib.weights.bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
+    ("course_lib.weights.transports.bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
     ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
 }
 

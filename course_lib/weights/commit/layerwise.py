@@ -25,7 +25,8 @@ import torch
 from course_lib.layers.quant import process_weights_after_loading, staged_bytes
 from course_lib.config import is_cuda
 from course_lib.exercises import is_written
-from course_lib.weights.update import UpdateError, check_finite, copy_in_place
+from course_lib.weights.commit.validate import UpdateError, check_finite
+from course_lib.weights.commit.copy_plan import copy_in_place
 
 _LAYER = re.compile(r"^(model\.layers\.\d+)\.")
 

@@ -3,7 +3,7 @@
 A trainer that calls ``update_weights_from_tensor(..., load_format="flattened_bucket")``
 every step (SGLang's ``FlattenedTensorBucket``, as slime and verl send it) packs the same
 tensors, in the same order, into the same few buffers each step. The general path
-(``bucket.unpack``, ``update.validate_tensors``, the copy plan) redoes, for every bucket of
+(``bucket.unpack``, ``validate.validate_tensors``, the copy plan) redoes, for every bucket of
 every update, what does not change between steps: every metadata entry checked, a view
 built and a name looked up per tensor, a copy per tensor. ``BucketCache`` (one per engine
 rank, held by ``engine/transfers.py``) keeps what is safe to keep:
@@ -15,7 +15,7 @@ rank, held by ``engine/transfers.py``) keeps what is safe to keep:
   a key seen before was validated then, so one dictionary lookup (one hash, one
   comparison of the whole layout) stands for all those checks.
 - **copy tables**, one per (buffer, layout): the registered path's own
-  ``registered.RegisteredTable``, built as if the trainer had registered that bucket
+  ``copy_table.RegisteredTable``, built as if the trainer had registered that bucket
   (source byte ranges of the buffer, destination views from the copy plan, destination
   identities). A bucket is then one copy: one scatter-kernel launch on a GPU with Triton
   (else one replayed CUDA graph), one ``torch._foreach_copy_`` call on the CPU. So the
@@ -33,7 +33,7 @@ rank, held by ``engine/transfers.py``) keeps what is safe to keep:
 Before every copy each destination parameter is checked to be where the table found it
 (the registered path's check; a rebound weight refuses the bucket, nothing written, and
 the cache is dropped), and with ``check_finite`` the bucket's tensors are checked for
-NaN and inf by the check every update path uses (``update.check_finite``).
+NaN and inf by the check every update path uses (``validate.check_finite``).
 
 What a mapping costs the trainer: CUDA IPC memory the engine still maps is not returned
 to the trainer's allocator when the trainer frees it (torch keeps it until the engine lets
@@ -67,16 +67,18 @@ import torch
 from course_lib import settings
 from course_lib.dtypes import dtype_name
 from course_lib.exercises import is_reference
-from course_lib.weights import bucket, registered
-from course_lib.weights.bucket import FlattenedTensorMetadata
-from course_lib.weights.copy_plan import CopyPlan
-from course_lib.weights.update import UpdateError, check_finite, copy_in_place, validate_tensors
+from course_lib.weights.transports import bucket
+from course_lib.weights.commit import copy_table
+from course_lib.weights.transports.bucket import FlattenedTensorMetadata
+from course_lib.weights.commit.copy_plan import CopyPlan
+from course_lib.weights.commit.validate import UpdateError, check_finite, validate_tensors
+from course_lib.weights.commit.copy_plan import copy_in_place
 
 MAX_BUFFERS = 4     # trainer buffers kept mapped (a trainer uses two in turn)
 MAX_LAYOUTS = 4096  # validated layouts kept, and tables per buffer (a step's buckets, several times over)
 
 VALIDATE_STEP = "ch05.validate_bucket"     # what the layout check stands in for (bucket.validate)
-COMMIT_STEP = registered.COMMIT_STEP       # what the copy table stands in for (CopyPlan.apply)
+COMMIT_STEP = copy_table.COMMIT_STEP       # what the copy table stands in for (CopyPlan.apply)
 
 _FIELDS = operator.attrgetter("name", "shape", "dtype", "start_idx", "end_idx", "numel")
 _SHAPE = operator.itemgetter(1)
@@ -110,7 +112,7 @@ class BoundBucket:
         self.audited = False  # the caller audits the destinations' addresses once, before the first copy
         self.storage = flat.untyped_storage()  # held: the mapping stays open, the identity unique
         self.identity = storage_identity(flat)
-        self.destinations = registered._DestinationCheck([(0, d) for d in table.destinations[0]])
+        self.destinations = copy_table._DestinationCheck([(0, d) for d in table.destinations[0]])
         data = flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
         # Typed views of the bucket's floating tensors, for the NaN check (``check_finite``).
         self.floating = [(name, data[start:start + n].view(dtype)) for name, dtype, start, n in layout.spans
@@ -134,7 +136,7 @@ class BoundBucket:
         return None if moved is None else moved[1].label
 
     def check_finite(self) -> None:
-        """Refuse NaN or inf in any of the bucket's floating tensors (``update.check_finite``:
+        """Refuse NaN or inf in any of the bucket's floating tensors (``validate.check_finite``:
         one reduction per tensor, one synchronisation, the first bad one named)."""
         check_finite(self.floating)
 
@@ -158,7 +160,7 @@ def copy_mode(device) -> str:
     ``_foreach_copy_`` on the CPU and the registered path's default on a GPU."""
     if settings.registered_copy() is None and torch.device(device).type != "cuda":
         return "foreach"
-    return registered.copy_mode(device)
+    return copy_table.copy_mode(device)
 
 
 class BucketCache:
@@ -263,9 +265,9 @@ class BucketCache:
         registration = {"buffers": [data], "buckets": [[0, 0, data.numel()]], "tensors": layout.tensors}
         try:
             mode = copy_mode(self.device)
-            table = registered.RegisteredTable.build(model, registration, self.device, partial=True)
+            table = copy_table.RegisteredTable.build(model, registration, self.device, partial=True)
             table.prepare(mode)
-        except (registered.RegistrationError, UpdateError):
+        except (copy_table.RegistrationError, UpdateError):
             return None
         bound = BoundBucket(layout, flat, table, mode)
         tables = self.buffers.get(identity)

@@ -37,7 +37,7 @@ from typing import Iterator
 import torch
 
 from course_lib import settings
-from course_lib.weights.safetensors_format import (CheckpointError, check_unchanged, file_identity, open_checked,
+from course_lib.weights.checkpoint.safetensors_format import (CheckpointError, check_unchanged, file_identity, open_checked,
                                                    read_safetensors_header, tensor_entries)
 
 

@@ -1,20 +1,14 @@
-"""Hugging Face checkpoint directories: read them (and, re-exported, make them).
+"""``CheckpointReader``: a Hugging Face checkpoint directory, read.
 
 A checkpoint is ``config.json`` (``model_type: qwen3``) plus either ``model.safetensors``,
 safetensors shards with ``model.safetensors.index.json``, or ``pytorch_model.bin`` /
 ``*.pt``, with HF tensor names (``model.layers.0.self_attn.q_proj.weight``).
 
-``CheckpointReader`` reads names, shapes and dtypes from the safetensors headers without
-touching the data (what the update transaction validates before it writes anything), and
-streams tensors one at a time (what the loaders consume), read without a memory map
-(a file rewritten in place while mapped would kill the process with SIGBUS). A tensor
-stored in two files is refused, by cold starts and updates alike.
-
-This module is also the one place to import checkpoint things from: the random
-checkpoints (``make_random``, ``preset``, ``PRESETS``, ``random_tensor``, ...) live in
-``random_checkpoint.py``, the header parsing in ``safetensors_format.py``, and the list
-of tensors a Qwen3 checkpoint holds (``hf_tensor_shapes``) beside the model in
-``models/qwen3.py``; all are re-exported here. None of them imports this module.
+The reader reads names, shapes and dtypes from the safetensors headers without touching
+the data (what an update validates before it writes anything), and streams tensors one
+at a time (what the loaders consume), read without a memory map (a file rewritten in
+place while mapped would kill the process with SIGBUS). A tensor stored in two files is
+refused, by cold starts and updates alike. Import it from ``course_lib.weights.checkpoint``.
 """
 from __future__ import annotations
 
@@ -30,15 +24,11 @@ from safetensors import safe_open
 from course_lib import settings
 from course_lib.config import ConfigError, ModelConfig
 from course_lib.models.qwen3 import hf_tensor_shapes
-from course_lib.weights import instanttensor_reader
-from course_lib.weights.pinned_reader import iter_safetensors_to_gpu
-from course_lib.weights.random_checkpoint import (PRESETS, make_random, preset, random_state_dict, random_tensor,
-                                                  write_checkpoint)
-from course_lib.weights.safetensors_format import (CheckpointError, check_safetensors_size, file_identity,
+from course_lib.weights.checkpoint import instanttensor_reader
+from course_lib.weights.checkpoint.pinned_reader import iter_safetensors_to_gpu
+from course_lib.weights.checkpoint.safetensors_format import (CheckpointError, check_safetensors_size, file_identity,
                                                    iter_safetensors_file, safetensors_dtype)
 
-__all__ = ["CheckpointError", "CheckpointReader", "PRESETS", "hf_tensor_shapes", "make_random", "preset",
-           "random_state_dict", "random_tensor", "write_checkpoint"]
 
 
 class CheckpointReader:

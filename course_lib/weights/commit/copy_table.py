@@ -33,7 +33,7 @@ learner's commit step copies every piece of the message: it is handed a plan who
 are the pieces' destinations (each a slice of a weight's bytes or elements) and the
 pieces' source bytes, so a wrong commit step shows in the weights here as on every other
 path. Where it is the student edition's unwritten stub, the table's own loop copies (the
-part is switched off, as ``update.copy_in_place`` switches it off for the loaders).
+part is switched off, as ``copy_plan.copy_in_place`` switches it off for the loaders).
 
 Address safety: each destination parameter's identity (storage pointer, shape, stride,
 dtype, and that it is still the module's attribute) is recorded at registration and
@@ -51,10 +51,10 @@ import torch
 from course_lib import settings
 from course_lib.capture import no_collection_while_capturing
 from course_lib.exercises import is_reference, is_written
-from course_lib.weights import scatter_copy
+from course_lib.weights.commit import scatter_copy
 from course_lib.dtypes import DtypeError, dtype_name, parse_dtype
-from course_lib.weights.bucket import ALIGN, align_up
-from course_lib.weights.copy_plan import CopyPlan
+from course_lib.weights.transports.bucket import ALIGN, align_up
+from course_lib.weights.commit.copy_plan import CopyPlan
 
 COPY_MODES = ("loop", "foreach", "graph", "scatter")
 
@@ -248,7 +248,7 @@ class RegisteredTable:
 
     @classmethod
     def _tables(cls, model, plan, tensors, buffers, specs, partial):
-        from course_lib.weights.update import UpdateError, validate_tensors  # update imports copy_plan
+        from course_lib.weights.commit.validate import UpdateError, validate_tensors# update imports copy_plan
         if not isinstance(tensors, (list, tuple)) or not tensors:
             raise RegistrationError("'tensors' must be a non-empty list of [name, dtype, shape, pieces]")
         meta, entries = {}, []

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.layers.quant import kernel_tensors
-from course_lib.weights.layerwise import LayerwiseReload, layer_key
+from course_lib.weights.commit.layerwise import LayerwiseReload, layer_key
 
 # Host copies live in slabs of this size (a power of two: the pinned allocator rounds
 # every allocation up to one, so a model-sized allocation could cost twice the memory).

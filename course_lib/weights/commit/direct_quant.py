@@ -48,7 +48,8 @@ from course_lib.exercises import is_reference
 from course_lib.layers import fused_quant, quant
 from course_lib.layers.linear import LinearBase
 from course_lib.models.qwen3 import hf_tensor_shapes
-from course_lib.weights.update import UpdateError, copy_in_place
+from course_lib.weights.commit.validate import UpdateError
+from course_lib.weights.commit.copy_plan import copy_in_place
 
 # Per quantization: its quant method, the reference quantizer that method calls (a
 # module-level function of quant.py, looked up when used, as the method looks it up) and

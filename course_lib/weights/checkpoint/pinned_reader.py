@@ -40,7 +40,7 @@ from typing import Iterator
 import torch
 
 from course_lib import settings
-from course_lib.weights.safetensors_format import (CheckpointError, check_unchanged, open_checked,
+from course_lib.weights.checkpoint.safetensors_format import (CheckpointError, check_unchanged, open_checked,
                                                    read_safetensors_header, tensor_entries, truncated)
 
 # Read once, at import (scripts and tests set these attributes to try other values).
