@@ -55,7 +55,7 @@ class ModelConfig:
     # tables and bounds max_model_len, which sized the KV pool and the batch budget;
     # rms_norm_eps is a number passed to the norm kernels, baked into captured CUDA graphs.
     restart_fields = ("max_position_embeddings", "rms_norm_eps")
-    # Fields a hot update applies with the weights (see engine/update_sources.py): the
+    # Fields a hot update applies with the weights (see update/updater.py): the
     # rotary tables are recomputed in place for rope_theta; the token ids only steer the
     # tokenizer and the scheduler's stop check. torch_dtype is neither: it is the storage
     # dtype the tensors are checked against, cast into the engine's fixed compute dtype.

@@ -175,30 +175,24 @@ def promote_or_rollback(engine, new_path, prompts, reference, weight_version: st
     Promises, in the order they happen:
 
     0. ``min_quality`` without ``quality``: ``ValueError`` before anything changes. The
-       expected outputs are the greedy answers of ``reference`` to ``prompts`` (stored
-       token lists, or an Engine / EngineClient serving the intended version; never the
-       engine under test, whose old answers are not the new version's), taken first.
-    1. The engine is paused in ``pause_mode`` and updated from ``new_path`` (labelled
+       expected outputs are ``reference``'s greedy answers to ``prompts`` (stored token
+       lists, or an Engine / EngineClient serving the intended version; never the engine
+       under test), taken first.
+    1. The engine, paused in ``pause_mode``, is updated from ``new_path`` (labelled
        ``weight_version``, ``partial`` as given) keeping a host snapshot of the serving
-       weights; the prefix cache is flushed. If the update is refused (an ``UpdateError``:
-       a checkpoint that does not fit, NaN or infinite values found while streaming; the
-       engine has already put back any layer it wrote), the old weights still serve:
-       decision ``"rejected"``, reason ``"update refused: <error>"``. Whatever happens,
-       the engine is not left paused.
-    2. The canary, on the serving engine: its greedy answers compared with the expected
-       ones (this chapter's comparison); an agreement below ``min_agreement`` is a reason
-       to roll back. If ``quality`` is given, ``quality(engine)`` (higher is better) below
-       ``min_quality`` is another.
+       weights, the prefix cache flushed. A refused update (``UpdateError``: the engine put
+       back any layer it wrote) is decision ``"rejected"``, reason ``"update refused:
+       <error>"``, the old weights serving. Whatever happens, the engine is not left paused.
+    2. The canary: the serving engine's greedy answers compared with the expected ones
+       (``compare``); an agreement below ``min_agreement`` is a reason to roll back, and so
+       is ``quality(engine)`` (higher is better) below ``min_quality`` when given.
     3. Any reason: the snapshot is copied back in place (bitwise the old weights and
-       version label, no disk read, no address moves) and the engine serves again:
-       ``"rolled_back"``. No reason: ``"promoted"`` (the engine keeps serving the new
-       version, labelled ``weight_version``, and keeps the snapshot for a later rollback).
+       label, no disk read, no address moves), serving again: ``"rolled_back"``. None:
+       ``"promoted"`` (the new version serves; the snapshot is kept for a later rollback).
 
-    Returns a dict: ``decision`` (``"promoted"``, ``"rolled_back"`` or ``"rejected"``),
-    ``reasons`` (list of strings, empty when promoted), ``agreement`` (float, or None if
-    rejected), ``quality`` (float or None), ``comparison`` (the comparison's dict, or
-    None), ``update`` (the update's result, None if rejected) and ``rollback`` (the
-    rollback's result, or None).
+    Returns ``decision``, ``reasons`` (strings, empty when promoted), ``agreement`` (float,
+    None if rejected), ``quality`` (float or None), ``comparison`` (the comparison's dict or
+    None), ``update`` (its result, None if rejected) and ``rollback`` (its result or None).
     """
     # BEGIN EXERCISE ch09.rollback
     if min_quality is not None and quality is None:

@@ -80,16 +80,17 @@ def assert_addresses_unchanged(engine) -> None:
 
 @contextlib.contextmanager
 def plugged_commit(engine, load_into):
-    """While active, ``engine``'s full-staging and in-memory updates commit validated
-    tensors with ``load_into(model, named_tensors)`` (tensors already on the engine's
-    device) instead of the engine's own commit step; everything around it (validation,
-    requests, post-processing, the address audit, versions) stays the engine's. The hook
-    exercises and graders plug learners' code into (an engine built with
-    ``Engine(..., commit=...)`` takes one for good)."""
+    """While active, ``engine``'s updates commit validated tensors with
+    ``load_into(model, named_tensors)`` (tensors already on the engine's device) instead
+    of the engine's own commit step, wherever a commit step writes (the general writer,
+    the layer-by-layer reload); the fast writers that would stand in for it stand aside.
+    Everything around it (validation, requests, post-processing, the address audit,
+    versions) stays the engine's. The hook exercises and graders plug learners' code into
+    (an engine built with ``Engine(..., commit=...)`` takes one for good)."""
     def commit(model, named_tensors, device):
         load_into(model, [(name, t.to(device)) for name, t in named_tensors])
 
-    original, engine.updater.commit = engine.updater.commit, commit
+    original, engine.updater.commit = engine.updater.commit, commit  # the course's hooks are read again
     try:
         yield
     finally:
@@ -114,3 +115,23 @@ def random_partition(rng, shape, n: int) -> list[tuple]:
                   tuple((cut, z) if d == dim else r for d, r in enumerate(box))]
     rng.shuffle(boxes)
     return boxes
+
+
+def serve_checkpoint(checkpoint_path, master_port: int, results=None, group_name: str = "remote_seed",
+                     bucket_bytes: int | None = None, **engine_options) -> None:
+    """A seeding source in a process of its own: start an engine on ``checkpoint_path`` and
+    seed one new engine (``Engine.send_weights_to_remote``). Module-level so
+    ``multiprocessing`` can spawn it; ``results`` (a queue) gets the stats or the error."""
+    from course_lib import Engine
+    from course_lib.weights.transports.remote import RemoteSeedError
+
+    engine = Engine(checkpoint_path, **engine_options)
+    try:
+        stats = engine.send_weights_to_remote("127.0.0.1", master_port, group_name=group_name,
+                                              bucket_bytes=bucket_bytes)
+    except RemoteSeedError as exc:
+        if results is not None:
+            results.put({"error": str(exc)})
+        return
+    if results is not None:
+        results.put(stats)

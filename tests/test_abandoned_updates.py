@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from course_lib import Engine  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
-from course_lib.weights import safe_pickle  # noqa: E402
+from course_lib.weights.transports import safe_pickle  # noqa: E402
 
 NAME = "model.norm.weight"
 

@@ -1,5 +1,5 @@
 """Bounded history: everything the engine records per step, per update or per pause is a
-ring buffer of documented size (engine/history.py), so a server that runs for days keeps a
+ring buffer of documented size (history.py), so a server that runs for days keeps a
 flat memory. The soak that measures it over a real server is test_memory_soak.py."""
 import pytest
 import torch
@@ -7,8 +7,8 @@ import torch
 from course_lib import Engine
 from course_lib.engine import engine as engine_module
 from course_lib.engine import pause as pause_module
-from course_lib.engine import updater as updater_module
-from course_lib.engine.history import PAUSE_STATS_SIZE, STEP_LOG_SIZE, UPDATE_HISTORY_SIZE, History
+from course_lib.update import updater as updater_module
+from course_lib.history import PAUSE_STATS_SIZE, STEP_LOG_SIZE, UPDATE_HISTORY_SIZE, History
 
 
 def test_history_keeps_the_newest_and_counts_all():

@@ -11,12 +11,12 @@ httpx = pytest.importorskip("httpx")
 import torch  # noqa: E402
 
 from course_lib import Engine  # noqa: E402
-from course_lib.engine.update_sources import deserialize_tensor_payload, named_tensors_of  # noqa: E402
 from course_lib.layers.quant import kernel_tensors  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold  # noqa: E402
-from course_lib.weights import bucket, safe_pickle  # noqa: E402
+from course_lib.update.payload import unpack  # noqa: E402
+from course_lib.weights.transports import bucket, safe_pickle  # noqa: E402
 from course_lib.weights.transports.bucket import FlattenedTensorMetadata  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader  # noqa: E402
 from course_lib.weights.transports.ipc import BucketSender  # noqa: E402
@@ -133,7 +133,7 @@ def message_before(reference: Engine, payload: str) -> str:
     """What the route answered before it handed buckets over whole: the payload unpacked into
     pairs in the thread pool (a bad bucket refused there), then the pairs checked by the engine."""
     try:
-        pairs = named_tensors_of(deserialize_tensor_payload([payload], "flattened_bucket"), "flattened_bucket")
+        pairs = unpack(safe_pickle.deserialize(payload))
         reference.pause_generation()
         reference.update_weights_from_tensor(pairs)
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Direct requantization of hot updates (layers/direct_quant.py): the general path's exact
+"""Direct requantization of hot updates (weights/commit/direct_quant.py): the general path's exact
 bits written straight into the live kernel tensors, hot == cold, a refused update (NaN, a
 fused layer short of a shard) changes no byte, and the path stands aside wherever a part it
 does its own way is not the instructor edition's (a changed exercise, a wrong quantizer,
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.engine import update_sources
+from course_lib.update.updater import Updater
 from course_lib.exercises import is_reference
 from course_lib.layers import fused_quant, quant
 from course_lib.weights.commit import direct_quant
@@ -51,20 +51,17 @@ def changed(before: dict, after: dict) -> list[str]:
 
 @pytest.fixture
 def paths(monkeypatch):
-    """Which path each update took: ``paths.direct`` (what direct_quant.apply answered) and
-    ``paths.general`` (how often the general path's requantization ran)."""
+    """Which writer each update took, from its result: ``paths.direct`` (per update, whether
+    the direct requantization wrote it) and ``paths.general`` (how many the general path wrote)."""
     seen = SimpleNamespace(direct=[], general=0)
-    apply, process = direct_quant.apply, update_sources.process_weights_after_loading
+    update = Updater.update
 
-    def spy_apply(*args, **kwargs):
-        seen.direct.append(apply(*args, **kwargs))
-        return seen.direct[-1]
-
-    def spy_process(*args, **kwargs):
-        seen.general += 1
-        return process(*args, **kwargs)
-    monkeypatch.setattr(direct_quant, "apply", spy_apply)
-    monkeypatch.setattr(update_sources, "process_weights_after_loading", spy_process)
+    def recording(self, source, options=None):
+        result = update(self, source, options)
+        seen.direct.append(result["writer"] == "direct_quant")
+        seen.general += result["writer"] == "general"
+        return result
+    monkeypatch.setattr(Updater, "update", recording)
     return seen
 
 
@@ -283,8 +280,8 @@ def test_a_wrong_quantizer_turns_the_direct_path_off(ckpts, paths, monkeypatch, 
     def too_large(w):
         q, s = reference(w)
         return q, s * 1.5
-    engine = Engine(a, quantization=quantization)
     monkeypatch.setattr(quant, name, too_large)
+    engine = Engine(a, quantization=quantization)  # built after the change, as a learner's is
     assert f"ch03.quantize_{quantization}" in direct_quant.why_not(engine.model)
     engine.update_weights_from_tensor(tensors(b))
     assert paths.direct == [False] and paths.general == 1
@@ -325,14 +322,16 @@ def test_an_unwritten_shard_rows_stops_the_general_path_with_its_own_message(ckp
     and stops at the stub, as it would with no direct path at all."""
     from course_lib.layers.linear import QKVParallelLinear
     engine = Engine(ckpts["aligned"][0], quantization="int8")
+    engine.model.__dict__.pop("_direct_quant_plan")  # made when the engine read its parts
 
     def stub(self, shard_id):
         raise NotImplementedError("ch01.qkv_rows: write this part")
     monkeypatch.setattr(QKVParallelLinear, "shard_rows", stub)
+    engine.updater.commit = None  # the engine reads its parts again, as when a commit step is plugged in
     assert direct_quant.why_not(engine.model).startswith("no plan: NotImplementedError")
     with pytest.raises(NotImplementedError, match="ch01.qkv_rows"):
         engine.update_weights_from_tensor(tensors(ckpts["aligned"][1]))
-    assert paths.direct == [False] and "_direct_quant_plan" not in engine.model.__dict__
+    assert paths.direct == [] and "_direct_quant_plan" not in engine.model.__dict__, "no update landed, no plan kept"
 
 
 def test_a_plugged_in_commit_step_runs_instead(ckpts, paths):
@@ -343,8 +342,9 @@ def test_a_plugged_in_commit_step_runs_instead(ckpts, paths):
         committed.extend(n for n, _ in named_tensors)
         model.load_weights(named_tensors)
     with plugged_commit(engine, learners_commit):
-        engine.update_weights_from_tensor(tensors(b))
-    assert not paths.direct and paths.general == 1 and len(committed) == len(tensors(b))
+        result = engine.update_weights_from_tensor(tensors(b))
+    assert paths.direct == [False] and paths.general == 1 and len(committed) == len(tensors(b))
+    assert "plugged in" in result["writers_declined"]["direct_quant"], "the result says why the fast path stood aside"
     assert_hot_equals_cold(engine, b, PROMPTS[:1], max_new_tokens=4)
 
 

@@ -1,13 +1,16 @@
 """EngineConfig holds every engine option, resolved; an engine "like this one" is built from it.
-Also the one helper that receives a sender's bytes even when an update is refused."""
+Also the update entry's options, and its refusal that still lets a source take a sender's bytes."""
+import inspect
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from course_lib import Engine
 from course_lib.config import ConfigError, EngineConfig
-from course_lib.engine.records import UpdateOptions
-from course_lib.engine.updater import Updater
-from course_lib.engine.update_sources import receive_even_if_refused
+from course_lib.engine.pause import EngineBusyError
+from course_lib.update.records import UpdateOptions
+from course_lib.update.sources import SnapshotSource
 from course_lib.testing import assert_hot_equals_cold, cold_engine_like
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.commit.validate import UpdateError
@@ -75,22 +78,30 @@ def test_bad_options_are_refused_naming_the_option(ckpts, options, message):
 def test_update_options_are_one_frozen_default():
     options = UpdateOptions()
     assert (options.weight_version, options.flush_cache, options.abort_all_requests) == (None, True, False)
-    assert options.wait_timeout_s == Updater.update_weights_from_disk.__defaults__[-1]
+    assert options.wait_timeout_s == inspect.signature(Engine.update_weights_from_disk).parameters["wait_timeout_s"].default
     with pytest.raises(AttributeError):
         options.flush_cache = False
 
 
-def test_a_refused_update_still_receives_then_raises_the_refusal():
-    received = []
-    busy = RuntimeError("busy")
+@dataclass
+class Recording(SnapshotSource):
+    """A source that notes when the transaction tells it it was refused."""
+    seen: list = None
 
-    def refuse():
-        raise busy
+    def refused(self, port, refusal):
+        self.seen.append(refusal)
 
-    def receive(refusal):
-        received.append(refusal)
-        raise UpdateError(refusal)  # a receiver told to refuse (every rank of a TP engine) refuses too
-    with pytest.raises(RuntimeError) as info:
-        receive_even_if_refused(refuse, receive)
-    assert info.value is busy and received == ["busy"]
-    assert receive_even_if_refused(lambda: 3, lambda refusal: [refusal]) == (3, [None])
+
+def test_a_refused_update_lets_its_source_take_the_bytes_then_raises_the_refusal(ckpts):
+    engine = Engine(ckpts[0], max_model_len=64)
+    engine.take_snapshot()
+    engine.add_request("busy", {"max_new_tokens": 4})
+    source = Recording(seen=[])
+    with pytest.raises(EngineBusyError) as info:
+        engine.update(source)
+    assert source.seen == [info.value], "the source heard of the refusal before it was raised"
+    with pytest.raises(Exception, match="told to refuse"):
+        engine.update(Recording(seen=source.seen), UpdateOptions(abort_all_requests=True, refuse_with="told to refuse"))
+    assert len(source.seen) == 2 and engine.weight_update_count == 0
+    result = engine.update(Recording(seen=source.seen), UpdateOptions(abort_all_requests=True))
+    assert len(source.seen) == 2 and result["writer"] == "snapshot" and engine.weight_update_count == 1

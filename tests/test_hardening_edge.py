@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from course_lib import Engine  # noqa: E402
 from course_lib.engine.sequence import SamplingParams  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
-from course_lib.weights import safe_pickle  # noqa: E402
+from course_lib.weights.transports import safe_pickle  # noqa: E402
 from course_lib.weights.transports.dist import free_port  # noqa: E402
 
 GREEDY = {"max_new_tokens": 3, "temperature": 0}

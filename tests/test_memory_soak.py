@@ -2,7 +2,7 @@
 without pause; memory measured per engine step and per update (Python allocations traced,
 with the ring buffers full), every token checked against cold engines, hot == cold at the end.
 
-The ring buffers (engine/history.py) are made small here so they fill during the warm-up:
+The ring buffers (history.py) are made small here so they fill during the warm-up:
 what is measured afterwards is any growth beyond them, which must be none (<= 100 bytes per
 step and per update, the whole growth charged to each). Pause modes abort and wait finish
 every reply on one version; its tokens must equal what a cold engine on that version's
@@ -22,7 +22,7 @@ pytest.importorskip("httpx")
 from course_lib import Engine  # noqa: E402
 from course_lib.engine import engine as engine_module  # noqa: E402
 from course_lib.engine import pause as pause_module  # noqa: E402
-from course_lib.engine import updater as updater_module  # noqa: E402
+from course_lib.update import updater as updater_module  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
 from course_lib.testing import assert_hot_equals_cold  # noqa: E402

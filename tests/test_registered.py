@@ -14,8 +14,8 @@ from course_lib.exercises import is_reference
 from course_lib.weights.commit import copy_table, scatter_copy
 from course_lib.weights.transports import safe_pickle
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.commit.copy_plan import CopyPlan
-from course_lib.weights.commit.copy_table import stream_layout
+from course_lib.weights.commit.copy_plan import COMMIT_STEP, CopyPlan
+from course_lib.weights.transports.registered import stream_layout
 from course_lib.weights.transports import trainer
 from course_lib.weights.transports.registered import RegisteredSender
 from course_lib.weights.commit.validate import UpdateError
@@ -181,7 +181,7 @@ def test_a_weight_rebound_after_registration_is_refused_before_anything_is_writt
 # ---- whose code copies: the table's copies stand in for chapter 04's commit step only ------------
 
 def test_the_commit_step_is_the_instructor_editions_here():
-    assert is_reference(CopyPlan.apply, copy_table.COMMIT_STEP)
+    assert is_reference(CopyPlan.apply, COMMIT_STEP)
 
 
 def registered_run(engine, sent, mode="loop"):
@@ -205,7 +205,7 @@ def test_a_learners_commit_step_copies_every_registered_piece(ckpts, monkeypatch
         calls.append([name for name, _ in named_tensors])
         return original(self, named_tensors)
     monkeypatch.setattr(CopyPlan, "apply", learners_commit_step)
-    assert not is_reference(CopyPlan.apply, copy_table.COMMIT_STEP)
+    assert not is_reference(CopyPlan.apply, COMMIT_STEP)
     engine = Engine(a)
     calls.clear()  # start-up does not copy through it; only the updates below count
     registered_run(engine, sent, mode="foreach")
@@ -218,9 +218,9 @@ def test_a_wrong_commit_step_shows_in_the_weights(ckpts, monkeypatch):
     """A commit step that copies nothing leaves the weights as they were: the registered path
     does not do its work for it."""
     a, b = ckpts
-    engine = Engine(a)
-    before = weights(engine)
     monkeypatch.setattr(CopyPlan, "apply", lambda self, named_tensors: None)
+    engine = Engine(a)  # built after the change, as a learner's is: the engine reads its parts once
+    before = weights(engine)
     registered_run(engine, tensors_of(b))
     assert same(weights(engine), before)
 
@@ -235,8 +235,8 @@ def test_an_unwritten_commit_step_is_switched_off(ckpts, monkeypatch):
 
     def stub(self, named_tensors):
         raise NotImplementedError("ch04.copy_in_place: write this part")
-    engine = Engine(a)
     monkeypatch.setattr(CopyPlan, "apply", stub)
+    engine = Engine(a)
     registered_run(engine, sent)
     assert same(weights(engine), weights(reference))
 

@@ -23,9 +23,9 @@ from course_lib.server.app import DEFAULT_MAX_BODY_BYTES  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
 from course_lib.testing import GPU_TEST_SHAPE, assert_addresses_unchanged, assert_hot_equals_cold  # noqa: E402
-from course_lib.weights import safe_pickle  # noqa: E402
+from course_lib.weights.transports import safe_pickle  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader, hf_tensor_shapes, preset  # noqa: E402
-from course_lib.weights.commit.copy_table import stream_layout  # noqa: E402
+from course_lib.weights.transports.registered import stream_layout  # noqa: E402
 from course_lib.weights.transports import trainer  # noqa: E402
 from course_lib.weights.transports.registered import RegisteredSender  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 
 from course_lib import Engine
 from course_lib.config import ConfigError
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
+from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold, serve_checkpoint
 from course_lib.weights.checkpoint import CheckpointReader
 from course_lib.weights.transports import remote, trainer
 from course_lib.weights.transports.remote import WaitingForWeightsError
@@ -35,7 +35,7 @@ def config_only(ckpts, tmp_path):
 
 
 def start_source(checkpoint, port, results):
-    child = CTX.Process(target=remote.serve_checkpoint, args=(checkpoint, port, results),
+    child = CTX.Process(target=serve_checkpoint, args=(checkpoint, port, results),
                         kwargs={"bucket_bytes": 60_000})
     child.start()
     return child

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from course_lib import Engine  # noqa: E402
 from course_lib.server.client import EngineClient, EngineError  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
-from course_lib.weights import bucket, safe_pickle  # noqa: E402
+from course_lib.weights.transports import bucket, safe_pickle  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader  # noqa: E402
 
 LONG = {"max_new_tokens": 900, "temperature": 0, "ignore_eos": True}

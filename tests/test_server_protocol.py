@@ -12,7 +12,7 @@ from course_lib import Engine  # noqa: E402
 from course_lib.server.client import EngineClient  # noqa: E402
 from course_lib.server.runner import BackgroundServer  # noqa: E402
 from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold  # noqa: E402
-from course_lib.weights import bucket, safe_pickle  # noqa: E402
+from course_lib.weights.transports import bucket, safe_pickle  # noqa: E402
 from course_lib.weights.checkpoint import CheckpointReader  # noqa: E402
 from course_lib.weights.transports import trainer  # noqa: E402
 from course_lib.weights.transports.ipc import BucketSender  # noqa: E402

@@ -305,7 +305,7 @@ def test_import_time_constants_go_through_settings():
     """pinned_reader's and safe_pickle's constants are read once, at import, from settings."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COURSE_LIB_READ_CHUNK_MB": "3", "COURSE_LIB_READ_THREADS": "5",
            "COURSE_LIB_MAX_STORAGE_BYTES": "12345"}
-    code = ("from course_lib.weights import pinned_reader as p, safe_pickle as s\n"
+    code = ("from course_lib.weights.checkpoint import pinned_reader as p\nfrom course_lib.weights.transports import safe_pickle as s\n"
             "print(p.CHUNK_BYTES, p.READ_THREADS, s.MAX_STORAGE_BYTES)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from course_lib import Engine
-from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold
+from course_lib.testing import assert_addresses_unchanged, assert_hot_equals_cold, serve_checkpoint
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.transports import remote, trainer
+from course_lib.weights.transports import trainer
 from course_lib.weights.transports.dist import free_port
 
 pytestmark = [pytest.mark.cuda,
@@ -71,7 +71,7 @@ def test_remote_seeding_over_nccl(ckpts, gpu1, tmp_path):
     a, _ = ckpts
     shutil.copy(a / "config.json", tmp_path / "config.json")
     port, results = free_port(), CTX.Queue()
-    child = CTX.Process(target=remote.serve_checkpoint, args=(a, port, results),
+    child = CTX.Process(target=serve_checkpoint, args=(a, port, results),
                         kwargs={"bucket_bytes": BUCKET_BYTES, "device": "cuda:0"})
     child.start()
     engine = Engine(tmp_path, load_format="dummy", device=gpu1)

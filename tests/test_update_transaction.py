@@ -134,18 +134,16 @@ def test_partial_update_only_when_asked(ckpts, tmp_path):
 def test_audit_catches_a_rebinding_updater(ckpts, monkeypatch, staging):
     """The classic bug: ``param.data = new`` passes eager tests on CPU but a captured graph
     would keep reading the old memory. The audit turns it into an error naming the tensor."""
-    from course_lib.weights.commit import copy_plan, layerwise
+    from course_lib.weights.commit.copy_plan import copy_in_place
 
     engine = Engine(ckpts[0])
     qkv = engine.model.model.layers[0].self_attn.qkv_proj
-    copy_in_place = copy_plan.copy_in_place
 
     def rebinding_load(model, named_tensors, device):
         copy_in_place(model, named_tensors, device)         # right values...
         if any(".layers.0.self_attn." in name for name, _ in named_tensors):
             qkv.weight.data = qkv.weight.data.clone()       # ...in new memory
-    monkeypatch.setattr(engine.updater, "commit", rebinding_load)       # the full-staging commit
-    monkeypatch.setattr(layerwise, "copy_in_place", rebinding_load)       # the layer-by-layer reload
+    monkeypatch.setattr(engine.updater, "commit", rebinding_load)  # the commit step of every writer that commits
     with pytest.raises(AddressMovedError, match=r"model.layers.0.self_attn.qkv_proj.weight: data_ptr changed"):
         engine.update_weights_from_disk(ckpts[1], staging=staging)
     with pytest.raises(RuntimeError, match="unhealthy"):

@@ -173,7 +173,7 @@ def in_memory(engine: Engine, tensors: list, bucket_bytes: int | None, device: s
     return nbytes / median_time(run, device, repeat=5) / 1e9
 
 
-def main(argv=None) -> dict:
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m course_lib.bench transports")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--broadcast-preset", default=None,
@@ -184,9 +184,54 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=3,
                    help="whole updates over one group; the later ones (the steady state) are reported")
     p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
-    device = args.device
-    backend, trainer_device = "gloo", "cpu"
+    return p.parse_args(argv)
+
+
+def broadcast_part(tmp: str, args, device: str, backend: str, trainer_device: str, bucket_bytes: int) -> dict:
+    """The engine's update over a broadcast against the raw wire: same buckets, same two processes."""
+    model = args.broadcast_preset or preset("small", **BROADCAST_MODEL)
+    a = make_random(f"{tmp}/a", model, seed=1)
+    b = make_random(f"{tmp}/b", model, seed=2)
+    engine = Engine(a, device=device)
+    out = broadcast_update(engine, b, bucket_bytes, backend, trainer_device, args.rounds)
+    out["raw_gbps"] = raw_broadcast(out["bucket_sizes"], backend, trainer_device,
+                                    device if backend == "nccl" else "cpu", args.rounds)
+    out["of_raw"] = out["gbps"] / out["raw_gbps"]
+    out["preset"] = args.broadcast_preset or "125 MB, 8 layers"
+    out["checkpoint_bytes"] = CheckpointReader(b).nbytes()
+    return out
+
+
+def many_small_part(tmp: str, device: str, bucket_bytes: int, res: dict, steps) -> None:
+    """Many small tensors: per-tensor calls, buckets, and a sweep of bucket sizes."""
+    config = preset("small", **MANY_SMALL)
+    folder = Path(tmp) / "many"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict()))
+    engine = Engine(folder, device=device, load_format="dummy", num_kv_blocks=8, enable_cuda_graph=False)
+    engine.updater.waiting_for_weights = False  # only updates are timed here, nothing is served
+    tensors = list(random_state_dict(config, seed=3, device=device).items())
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    small = res["many_small"] = {"tensors": len(tensors), "bytes": nbytes,
+                                 "flat_copy_gbps": nbytes / median_time(lambda: dst.copy_(src), device) / 1e9}
+    steps.update()
+    small["per_tensor_gbps"] = in_memory(engine, tensors, None, device)
+    small["bucketed_gbps"] = in_memory(engine, tensors, bucket_bytes, device)
+    small["bucketed_over_per_tensor"] = small["bucketed_gbps"] / small["per_tensor_gbps"]
+    steps.update()
+    res["sweep"] = []
+    for size in SWEEP:
+        gbps = in_memory(engine, tensors, size, device)
+        res["sweep"].append({"bucket_bytes": size, "gbps": gbps, "of_flat_copy": gbps / small["flat_copy_gbps"]})
+        steps.update()
+    sync(device)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device, backend, trainer_device = args.device, "gloo", "cpu"
     if args.two_gpus:
         if torch.cuda.device_count() < 2:
             raise SystemExit("--two-gpus needs two CUDA devices; this machine has "
@@ -198,50 +243,10 @@ def main(argv=None) -> dict:
     res["broadcast_backend"] = backend
     steps = tqdm(total=2 if args.two_gpus else 4 + len(SWEEP), desc="transports benchmark")
     with tempfile.TemporaryDirectory() as tmp:
-        # 1. Broadcast: engine update against the raw wire, same buckets, same two processes.
-        model = args.broadcast_preset or preset("small", **BROADCAST_MODEL)
-        a = make_random(f"{tmp}/a", model, seed=1)
-        b = make_random(f"{tmp}/b", model, seed=2)
-        engine = Engine(a, device=device)
-        res["broadcast"] = broadcast_update(engine, b, bucket_bytes, backend, trainer_device, args.rounds)
-        steps.update()
-        res["broadcast"]["raw_gbps"] = raw_broadcast(res["broadcast"]["bucket_sizes"], backend, trainer_device,
-                                                     device if backend == "nccl" else "cpu", args.rounds)
-        res["broadcast"]["of_raw"] = res["broadcast"]["gbps"] / res["broadcast"]["raw_gbps"]
-        res["broadcast"]["preset"] = args.broadcast_preset or "125 MB, 8 layers"
-        res["broadcast"]["checkpoint_bytes"] = CheckpointReader(b).nbytes()
-        steps.update()
-        del engine
-        if args.two_gpus:
-            steps.close()
-            report(res)
-            save_json(res, args.json)
-            return res
-        # 2. and 3. Many small tensors: per-tensor calls, buckets, and a sweep of bucket sizes.
-        config = preset("small", **MANY_SMALL)
-        folder = Path(tmp) / "many"
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(config.to_hf_dict()))
-        engine = Engine(folder, device=device, load_format="dummy", num_kv_blocks=8, enable_cuda_graph=False)
-        engine.updater.waiting_for_weights = False  # only updates are timed here, nothing is served
-        tensors = list(random_state_dict(config, seed=3, device=device).items())
-        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        res["many_small"] = {"tensors": len(tensors), "bytes": nbytes,
-                             "flat_copy_gbps": nbytes / median_time(lambda: dst.copy_(src), device) / 1e9}
-        steps.update()
-        res["many_small"]["per_tensor_gbps"] = in_memory(engine, tensors, None, device)
-        res["many_small"]["bucketed_gbps"] = in_memory(engine, tensors, bucket_bytes, device)
-        res["many_small"]["bucketed_over_per_tensor"] = (res["many_small"]["bucketed_gbps"]
-                                                         / res["many_small"]["per_tensor_gbps"])
-        steps.update()
-        res["sweep"] = []
-        for size in SWEEP:
-            gbps = in_memory(engine, tensors, size, device)
-            res["sweep"].append({"bucket_bytes": size, "gbps": gbps, "of_flat_copy": gbps / res["many_small"]["flat_copy_gbps"]})
-            steps.update()
-        sync(device)
+        res["broadcast"] = broadcast_part(tmp, args, device, backend, trainer_device, bucket_bytes)
+        steps.update(2)
+        if not args.two_gpus:
+            many_small_part(tmp, device, bucket_bytes, res, steps)
     steps.close()
     report(res)
     save_json(res, args.json)

@@ -258,7 +258,7 @@ def instanttensor_load(path, device: str) -> dict:
     return {"gbps": gbps}
 
 
-def main(argv=None) -> dict:
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m course_lib.bench update")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -268,7 +268,32 @@ def main(argv=None) -> dict:
                                                   "transformers"],
                    help="which measurements to run (the copy baselines always run)")
     p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def disk_rows(engine, a, b, nbytes: int, device: str, gpu: bool) -> dict:
+    """The disk update layer by layer and fully staged (and through InstantTensor where it
+    is installed), each from page-cached files, the page cache warmed by a first update."""
+    rows, out = [("layer", "own"), ("full", "own")], {}
+    if gpu and instanttensor_reader.unavailable(device) is None:
+        rows.insert(1, ("layer", "instanttensor"))  # the same update through the optional reader
+    for staging, reader_choice in rows:
+        key = f"disk_{staging}" + ("_instanttensor" if reader_choice == "instanttensor" else "")
+        with settings.overridden("COURSE_LIB_DISK_READER", reader_choice):
+            engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
+            t0 = time.perf_counter()
+            r = engine.update_weights_from_disk(b, staging=staging)
+        out[key] = {"gbps": nbytes / (time.perf_counter() - t0) / 1e9, "reader": reader_choice,
+                    "timings_ms": r["timings_ms"], "memory": dict(r.get("memory") or {}), "writer": r["writer"]}
+        if reader_choice == "instanttensor" and "gpu_peak_extra_bytes" in out[key]["memory"]:
+            ring = instanttensor_reader.last_ring_bytes  # cudaMalloc'ed: torch's peak does not see it
+            out[key]["memory"]["instanttensor_ring_bytes"] = ring
+            out[key]["memory"]["gpu_peak_extra_bytes"] += ring
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     device, gpu = args.device, is_cuda(args.device)
     res = run_header("update", device, preset=args.preset, bucket_mb=args.bucket_mb)
     steps = tqdm(total=5, desc="update benchmark")
@@ -294,21 +319,8 @@ def main(argv=None) -> dict:
                                                            compare_modes=True)
             engine.update_weights_from_disk(b, staging="full")  # back to b for the disk runs' first step
         steps.update()
-        disk_rows = [("layer", "own"), ("full", "own")]
-        if gpu and instanttensor_reader.unavailable(device) is None:
-            disk_rows.insert(1, ("layer", "instanttensor"))  # the same update through the optional reader
-        for staging, reader_choice in disk_rows if "disk" in args.parts else ():
-            key = f"disk_{staging}" + ("_instanttensor" if reader_choice == "instanttensor" else "")
-            with settings.overridden("COURSE_LIB_DISK_READER", reader_choice):
-                engine.update_weights_from_disk(a if staging == "layer" else b, staging=staging)  # warm the page cache
-                t0 = time.perf_counter()
-                r = engine.update_weights_from_disk(b, staging=staging)
-            res[key] = {"gbps": nbytes / (time.perf_counter() - t0) / 1e9, "reader": reader_choice,
-                        "timings_ms": r["timings_ms"], "memory": dict(r.get("memory") or {})}
-            if reader_choice == "instanttensor" and "gpu_peak_extra_bytes" in res[key]["memory"]:
-                ring = instanttensor_reader.last_ring_bytes  # cudaMalloc'ed: torch's peak does not see it
-                res[key]["memory"]["instanttensor_ring_bytes"] = ring
-                res[key]["memory"]["gpu_peak_extra_bytes"] += ring
+        if "disk" in args.parts:
+            res.update(disk_rows(engine, a, b, nbytes, device, gpu))
         steps.update()
         res["largest_layer_bytes"] = largest_layer_bytes(reader)
         del engine
@@ -335,6 +347,14 @@ def report(r: dict) -> None:
     print(f"  baseline copy (device-to-device / memcpy)  {copy:8.1f} GB/s")
     if h2d:
         print(f"  baseline host-to-device pinned / pageable  {h2d:8.1f} / {r['h2d_pageable_gbps']:.1f} GB/s")
+    for name, gbps, denom, base in report_rows(r, copy, h2d):
+        ratio = f"{gbps / denom:6.0%} of {base}" if denom else ""
+        print(f"  {name:<46} {gbps:8.1f} GB/s  {ratio}")
+    report_notes(r)
+
+
+def report_rows(r: dict, copy: float, h2d: float | None) -> list:
+    """(label, GB/s, baseline GB/s, baseline's name) per measured path."""
     rows = []
     if "per_tensor_copy_gbps" in r:
         rows.append(("per-tensor copy_ loop", r["per_tensor_copy_gbps"], copy, "copy"))
@@ -366,9 +386,12 @@ def report(r: dict) -> None:
         rows.append(("InstantTensor safe_open (buffered) to the GPU", it["gbps"], h2d, "pinned H2D"))
     elif it:
         print(f"  InstantTensor: not measured ({it['skipped']})")
-    for name, gbps, denom, base in rows:
-        ratio = f"{gbps / denom:6.0%} of {base}" if denom else ""
-        print(f"  {name:<46} {gbps:8.1f} GB/s  {ratio}")
+    return rows
+
+
+def report_notes(r: dict) -> None:
+    """Where the time went, the caches' hits, the ratios to other loaders, the extra memory."""
+    it = r.get("instanttensor") or {}
     for key in ("ipc", "ipc_general", "registered", "registered_resident"):
         if key in r:
             print(f"  {key} engine-side ms by phase: "

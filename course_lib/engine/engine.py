@@ -6,29 +6,45 @@ The public surface follows SGLang's offline Engine (``generate`` returns ``text`
 """
 from __future__ import annotations
 
+import functools
+import operator
 import time
 
 import torch
 
 from course_lib.config import EngineConfig, ModelConfig
 from course_lib.engine.block_manager import BlockManager
-from course_lib.engine.history import STEP_LOG_SIZE, History
 from course_lib.engine.model_runner import ModelRunner
 from course_lib.engine.pause import EngineBusyError, EnginePausedError, PauseControl  # noqa: F401 (importable here)
 from course_lib.engine.scheduler import Scheduler
 from course_lib.engine.sequence import SamplingParams, Sequence
-from course_lib.engine.updater import Updater, audited_extras
+from course_lib.history import STEP_LOG_SIZE, History
 from course_lib.tokenizer import ByteTokenizer
-from course_lib.weights.commit.audit import AddressAudit
+from course_lib.update.methods import with_update_methods
+from course_lib.update.records import UpdateOptions
+from course_lib.update.transfers import Transfers
+from course_lib.update.updater import Updater
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.commit.copy_plan import CopyPlan
 from course_lib.weights.checkpoint.model_loader import dummy_model, load_model
+from course_lib.weights.commit.audit import AddressAudit
+from course_lib.weights.commit.copy_plan import CopyPlan, read_checkpoint_tensor
 from course_lib.weights.transports import remote
 from course_lib.weights.transports.dist import DEFAULT_BUCKET_BYTES
 from course_lib.weights.transports.remote import WaitingForWeightsError
-from course_lib.weights.commit.copy_plan import copy_in_place
 
 
+def delegate(part: str, func):
+    """An engine method that calls ``func``'s namesake on the engine's ``part`` (a dotted
+    attribute path), with ``func``'s signature and docstring: the contract is the part's."""
+    get = operator.attrgetter(part)
+
+    @functools.wraps(func)
+    def method(self, *args, **kwargs):
+        return getattr(get(self), func.__name__)(*args, **kwargs)
+    return method
+
+
+@with_update_methods
 class Engine:
     """A hot-updatable inference engine for Qwen3-style checkpoints.
 
@@ -39,9 +55,10 @@ class Engine:
     Composed of parts, each owning its state: the scheduler and block manager (the
     requests and their KV), the model runner, ``pause`` (``PauseControl``: pause modes and
     their cost records) and ``updater`` (``Updater``: every hot update, versions, health,
-    snapshots). SGLang's method names are kept here as one-line delegations; each one's
-    contract is on the part it delegates to. ``commit``: the commit step updates use
-    (``weights/commit/validate.py``'s ``copy_in_place``; a grader passes a learner's).
+    snapshots). Every update goes through ``update(source, options)``; SGLang's method
+    names (``update_weights_from_disk``, ...) are adapters over it (``update/methods.py``),
+    and the other calls delegate to the part whose contract they are. ``commit``: the
+    commit step updates use (None: the engine's own; a grader passes a learner's).
     """
 
     def __init__(self, model_path, device: str = "cpu", dtype=None, enable_cuda_graph: bool | None = None,
@@ -49,7 +66,7 @@ class Engine:
                  num_kv_blocks: int | None = None, max_num_batched_tokens: int | None = None,
                  enable_prefix_caching: bool = True, seed: int = 0, cuda_graph_batch_sizes=None,
                  quantization: str | None = None, tp_rank: int = 0, tp_size: int = 1, load_format: str = "auto",
-                 config: EngineConfig | None = None, commit=copy_in_place):
+                 config: EngineConfig | None = None, commit=None):
         t0 = time.perf_counter()
         config = config or EngineConfig(
             device=device, dtype=dtype, block_size=block_size, num_kv_blocks=num_kv_blocks,
@@ -80,11 +97,11 @@ class Engine:
         self.outbox: list[dict] = []        # outputs finished outside step() (aborts, drains); the next step() returns them
         self.pause = PauseControl(self.scheduler, self.block_manager, self.outbox, self.finish_request, self.step)
         # Recorded after graph capture: from here on no kernel-read tensor may move.
-        self.address_audit = AddressAudit.record(self.model, audited_extras(self.model_runner))
+        self.address_audit = AddressAudit.record(self.model, self.model_runner.audited_tensors())
         self.updater = Updater(model=self.model, config=config, model_config=self.model_config,
                                scheduler=self.scheduler, block_manager=self.block_manager, tokenizer=self.tokenizer,
-                               audit=self.address_audit, model_runner=self.model_runner, pause=self.pause,
-                               commit=commit, waiting_for_weights=reader is None)
+                               audit=self.address_audit, extras=lambda: self.model_runner.audited_tensors(),
+                               pause=self.pause, commit=commit, waiting_for_weights=reader is None)
         self.num_prefill_tokens = 0         # tokens whose KV was computed by a prefill
         # Per step: which requests ran, prefill or decode, which version (the newest
         # STEP_LOG_SIZE steps; step_log.total counts them all).
@@ -254,18 +271,7 @@ class Engine:
         rows), read back out of the engine's fused, sharded or quantized parameters
         (dequantized for int8/fp8; this rank's shard under tensor parallelism).
         Raises KeyError for a name the model does not have."""
-        if name == "lm_head.weight" and self.model_config.tie_word_embeddings:
-            name = "model.embed_tokens.weight"
-        target = self.model.map_checkpoint_name(name)
-        if target is None:
-            raise KeyError(f"{name!r} is not a weight of this model")
-        param_name, shard_id = target
-        module = self.model.get_submodule(param_name.rsplit(".", 1)[0])
-        method = getattr(module, "quant_method", None)
-        full = method.dequantized_weight(module) if hasattr(method, "dequantized_weight") else module.weight
-        if shard_id is not None:                   # its rows of a fused q/k/v or gate/up weight
-            full = full.narrow(0, *module.shard_rows(shard_id))
-        return full[:truncate_size].detach().clone()
+        return read_checkpoint_tensor(self.model, name, truncate_size)
 
     @property
     def prefix_cache_stats(self) -> dict:
@@ -285,74 +291,30 @@ class Engine:
     unhealthy = property(lambda self: self.updater.unhealthy, doc="Why the engine refuses work (None: healthy).")
     waiting_for_weights = property(lambda self: self.updater.waiting_for_weights)
 
-    # ---- pausing (engine/pause.py) ---------------------------------------------------------
-    def pause_generation(self, mode: str = "abort") -> dict:
-        return self.pause.pause_generation(mode)
+    # ---- updates: the one entry (SGLang's names are adapters over it: update/methods.py) ----
+    def update(self, source, options: UpdateOptions | None = None) -> dict:
+        """Run one hot update from ``source`` (``course_lib.update.sources``) with
+        ``options`` (``UpdateOptions``): see ``Updater.update``."""
+        return self.updater.update(source, options)
 
-    def continue_generation(self) -> dict:
-        return self.updater.continue_generation()
+    # ---- calls that belong to one part (its contract is there) -----------------------------
+    pause_generation = delegate("pause", PauseControl.pause_generation)
+    flush_cache = delegate("pause", PauseControl.flush_cache)
+    continue_generation = delegate("updater", Updater.continue_generation)
+    update_weight_version = delegate("updater", Updater.update_weight_version)
+    health = delegate("updater", Updater.health)
+    verify_addresses = delegate("updater", Updater.verify_addresses)
+    take_snapshot = delegate("updater", Updater.take_snapshot)
+    register_weight_buffers = delegate("updater", Updater.register_weight_buffers)
+    unregister_weight_buffers = delegate("updater", Updater.unregister_weight_buffers)
+    init_weights_update_group = delegate("updater.transfers", Transfers.init_group)
+    destroy_weights_update_group = delegate("updater.transfers", Transfers.destroy_group)
 
-    def flush_cache(self) -> bool:
-        return self.pause.flush_cache()
-
-    def live_kv_is_fresh(self) -> bool:
-        return self.pause.live_kv_is_fresh(self.updater.weight_update_count)
-
-    # ---- versions, health, audit, snapshots (engine/updater.py) ---------------------------
     def get_weight_version(self) -> str:
         return self.updater.weight_version
 
-    def update_weight_version(self, new_version: str) -> dict:
-        return self.updater.update_weight_version(new_version)
-
-    def health(self) -> dict:
-        return self.updater.health()
-
-    def verify_addresses(self) -> None:
-        self.updater.verify_addresses()
-
-    def take_snapshot(self):
-        return self.updater.take_snapshot()
-
-    def rollback(self, flush_cache: bool = True, abort_all_requests: bool = False) -> dict:
-        return self.updater.rollback(flush_cache, abort_all_requests)
-
-    # ---- weight updates by transport (engine/updater.py, engine/update_sources.py) --------
-    def update_weights_from_disk(self, model_path, *args, **kwargs) -> dict:
-        return self.updater.update_weights_from_disk(model_path, *args, **kwargs)
-
-    def update_weights_from_tensor(self, named_tensors, *args, **kwargs) -> dict:
-        return self.updater.update_weights_from_tensor(named_tensors, *args, **kwargs)
-
-    def register_weight_buffers(self, payload, *args, **kwargs) -> dict:
-        return self.updater.register_weight_buffers(payload, *args, **kwargs)
-
-    def unregister_weight_buffers(self) -> dict:
-        return self.updater.unregister_weight_buffers()
-
-    def update_weights_from_registered(self, buckets, epoch: int, *args, **kwargs) -> dict:
-        return self.updater.update_weights_from_registered(buckets, epoch, *args, **kwargs)
-
-    def init_weights_update_group(self, *args, **kwargs) -> dict:
-        return self.updater.transfers.init_group(*args, **kwargs)
-
-    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
-        return self.updater.transfers.destroy_group(group_name)
-
-    def update_weights_from_distributed(self, names, dtypes, shapes, *args, **kwargs) -> dict:
-        return self.updater.update_weights_from_distributed(names, dtypes, shapes, *args, **kwargs)
-
-    def update_weights_resharded(self, plan, *args, **kwargs) -> dict:
-        return self.updater.update_weights_resharded(plan, *args, **kwargs)
-
-    def update_weights_sparse(self, payload: dict, *args, **kwargs) -> dict:
-        return self.updater.update_weights_sparse(payload, self.get_weights_by_name, *args, **kwargs)
-
-    def update_weights_from_delta(self, base_dir, delta_path, *args, **kwargs) -> dict:
-        return self.updater.update_weights_from_delta(base_dir, delta_path, *args, **kwargs)
-
-    def receive_weights_from_remote(self, master_address: str, master_port: int, *args, **kwargs) -> dict:
-        return self.updater.receive_weights_from_remote(master_address, master_port, *args, **kwargs)
+    def live_kv_is_fresh(self) -> bool:
+        return self.pause.live_kv_is_fresh(self.updater.weight_update_count)
 
     def send_weights_to_remote(self, master_address: str, master_port: int, group_name: str = "remote_seed",
                                backend: str | None = None, bucket_bytes: int | None = None) -> dict:

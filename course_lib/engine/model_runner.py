@@ -213,6 +213,17 @@ class ModelRunner:
         for tokens in reversed(self.prefill_token_sizes):
             self._capture_prefill(tokens, pool)
 
+    def audited_tensors(self) -> dict:
+        """Tensors kernels read besides the model's, audited like the weights: the KV pool,
+        the graphs' output buffers and the prefill graphs' input buffers."""
+        extras = {"kv_cache": self.kv_cache}
+        for bs, out in getattr(self, "graph_outputs", {}).items():
+            extras[f"cuda_graph_logits[{bs}]"] = out
+        for tokens, (_, inputs, out) in getattr(self, "prefill_graphs", {}).items():
+            extras[f"prefill_graph_inputs[{tokens}]"] = inputs
+            extras[f"prefill_graph_logits[{tokens}]"] = out
+        return extras
+
     def release_graphs(self) -> None:
         """Destroy every captured graph (the engine runs eagerly afterwards). A
         tensor-parallel rank does this before leaving its process group: graphs that

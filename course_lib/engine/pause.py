@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from course_lib.engine.block_manager import BlockManager
-from course_lib.engine.history import PAUSE_STATS_SIZE, History
+from course_lib.history import PAUSE_STATS_SIZE, History
 from course_lib.engine.records import PauseRecord
 from course_lib.engine.scheduler import Scheduler
 from course_lib.engine.sequence import Sequence

@@ -12,12 +12,13 @@ ids, positions in the cache, block tables) to the workers, and every rank runs t
 forward, meeting in the same collectives; the workers throw away the logits. On GPU each
 rank captures its own CUDA graphs, collectives included.
 
-Weight updates go to every rank: each loads the same checkpoint tensors through its own
-loaders, which slice them (from disk, from tensors, or from a trainer's broadcast that
-every rank receives in full, as SGLang's ranks do; ``update_weights_resharded`` instead
-sends each rank only its pieces). Rank 0 checks the pause rules first (only it has requests),
-drains ``wait`` mode before anything changes, then the ranks apply in parallel. Ranks
-that disagree (one applied, one failed) leave the engine marked unhealthy.
+Weight updates go to every rank through one call, ``update(source, options)``: each rank
+loads the same checkpoint tensors through its own loaders, which slice them (from disk,
+from tensors, or from a trainer's broadcast that every rank receives in full, as SGLang's
+ranks do; ``update_weights_resharded`` instead sends each rank only its pieces). Rank 0
+checks the pause rules first (only it has requests), drains ``wait`` mode before anything
+changes, then the ranks apply in parallel. Ranks that disagree (one applied, one failed)
+leave the engine marked unhealthy. The worker's side is ``tp_worker.py``.
 """
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ import os
 import queue
 import threading
 import time
-import traceback
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -35,63 +35,16 @@ import torch.distributed as dist
 
 from course_lib.config import EngineConfig, is_cuda
 from course_lib.engine.engine import Engine
-from course_lib.engine.records import WAIT_TIMEOUT_S, Snapshot
-from course_lib.engine.update_sources import receive_even_if_refused
+from course_lib.engine.tp_worker import (SeqView, WorkerError, _device_for, _init_group, leave_group,
+                                         share_cpu_tensors, worker_main)
+from course_lib.update.records import UpdateOptions
+from course_lib.update.sources import UpdateSource
+from course_lib.update.updater import REFUSALS
 from course_lib.weights.checkpoint import CheckpointReader
-from course_lib.weights.transports.trainer import wait_for_exit
 from course_lib.weights.commit.validate import UpdateError
+from course_lib.weights.transports.trainer import wait_for_exit
 
 CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools (and CUDA)
-
-
-@dataclass
-class SeqView:
-    """What a worker's ModelRunner reads of a sequence to build the same batch."""
-
-    token_ids: list[int]
-    num_tokens: int
-    num_cached_tokens: int
-    block_table: list[int]
-
-    @classmethod
-    def of(cls, seq) -> "SeqView":
-        return cls(list(seq.token_ids), seq.num_tokens, seq.num_cached_tokens, list(seq.block_table))
-
-
-def share_cpu_tensors(obj) -> None:
-    """Move every CPU tensor in ``obj`` (nested lists, tuples and dicts) into shared memory
-    now, in this thread, as pickling it for another process would do later."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type == "cpu" and not obj.is_shared():
-            obj.share_memory_()
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            share_cpu_tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            share_cpu_tensors(item)
-
-class WorkerError(RuntimeError):
-    """A worker rank failed; the message carries its traceback."""
-
-
-def _device_for(device: str, rank: int) -> str:
-    return f"cuda:{rank}" if is_cuda(device) else device
-
-
-def _init_group(rank: int, world_size: int, store, device: str, timeout_s: float) -> None:
-    cuda = is_cuda(device)
-    if cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s),
-                            device_id=torch.device(f"cuda:{rank}") if cuda else None)
-
-
-def _worker_store(port: int, world_size: int, rank: int, timeout_s: float):
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
-    store.set(f"joined/{rank}", "1")  # rank 0 waits for this while watching that we are alive
-    return store
 
 
 def check_divisible(config, tp_size: int) -> None:
@@ -101,62 +54,6 @@ def check_divisible(config, tp_size: int) -> None:
                     ("vocab_size", config.vocab_size), ("intermediate_size", config.intermediate_size)):
         if n % tp_size:
             raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")
-
-
-def _summary(result):
-    """What a worker sends back: plain values only (never a snapshot's tensors)."""
-    if isinstance(result, Snapshot):
-        return {"weight_version": result.weight_version}
-    if isinstance(result, dict):
-        return {k: v for k, v in result.items() if not isinstance(v, (dict, torch.Tensor)) or k == "timings_ms"}
-    return result if isinstance(result, (type(None), bool, int, float, str)) else None
-
-
-def worker_main(rank: int, world_size: int, port: int, model_path: str, config: EngineConfig,
-                cpu_threads: int | None, commands, replies, timeout_s: float) -> None:
-    """A worker rank: build its shard of the engine (rank 0's config, its own rank and
-    device), then obey rank 0's commands."""
-    try:
-        config = replace(config, device=_device_for(config.device, rank), tp_rank=rank)
-        if cpu_threads:
-            torch.set_num_threads(cpu_threads)
-        _init_group(rank, world_size, _worker_store(port, world_size, rank, timeout_s), config.device, timeout_s)
-        engine = Engine(model_path, config=config)
-        replies.put((rank, "ok", None))
-    except BaseException:
-        replies.put((rank, "error", traceback.format_exc()))
-        return
-    runner = engine.model_runner
-    while True:
-        cmd = commands.get()
-        kind = cmd[0]
-        if kind == "stop":
-            break
-        try:
-            if kind == "run":            # one step's forward; rank 0 samples
-                runner.forward_logits(cmd[1], cmd[2])
-                continue
-            if kind == "prefill_all":    # the prompt-logits oracle's forward
-                runner.prefill_all_logits(cmd[1])
-                continue
-            if kind == "call":           # an engine method, e.g. update_weights_from_disk
-                _, name, args, kwargs = cmd
-                replies.put((rank, "ok", _summary(getattr(engine, name)(*args, **kwargs))))
-            elif kind == "parameters":
-                replies.put((rank, "ok", {k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()}))
-        except BaseException as exc:
-            # A failed forward leaves rank 0 inside a collective; it times out there.
-            replies.put((rank, "error", (type(exc).__name__, traceback.format_exc())))
-    leave_group(engine)
-
-
-def leave_group(engine) -> None:
-    """Leave the default process group: first the CUDA graphs, which captured its
-    collectives (``ModelRunner.release_graphs``), then the group itself. Every rank does
-    this at once: under NCCL, tearing a communicator down takes all of them."""
-    if engine is not None:
-        engine.model_runner.release_graphs()
-    dist.destroy_process_group()
 
 
 class _BroadcastRunner:
@@ -311,39 +208,30 @@ class TPEngine(Engine):
         local = getattr(super(), name)
         return self._on_every_rank(("call", name, args, kwargs), lambda: local(*args, **kwargs), name)
 
-    def _before_update(self, kwargs: dict) -> None:
-        """Rank 0 owns the requests: refuse or drain here, before any rank writes, so no
-        worker runs a forward pass with new weights while rank 0 still has old ones."""
-        self.pause.refuse_if_busy(kwargs.get("abort_all_requests", False))
-        if self.pause.paused and self.pause.pause_mode == "wait":
-            self.pause.drain(kwargs.get("wait_timeout_s", WAIT_TIMEOUT_S), self.pause.stats[-1])
-
-    def _receive_everywhere(self, name: str, *args, **kwargs):
-        """An update whose bytes a sender is already pushing to every rank: even when rank 0
-        refuses it (busy), every rank still receives them, then refuses too (``refuse_with``):
-        nothing changes anywhere and no sender is left hanging."""
-        _, result = receive_even_if_refused(
-            lambda: self._before_update(kwargs),
-            lambda refusal: self._call_everywhere(name, *args, **dict(kwargs, refuse_with=refusal)))
-        return result
-
-    # ---- updates on every rank -------------------------------------------------------------
-    def update_weights_from_disk(self, model_path, *args, **kwargs) -> dict:
-        self._before_update(kwargs)
-        return self._call_everywhere("update_weights_from_disk", str(model_path), *args, **kwargs)
-
-    def update_weights_from_tensor(self, named_tensors, *args, **kwargs) -> dict:
-        """Every rank gets the full checkpoint tensors and its loaders slice them (a list of
-        serialized payloads, one per rank, is also accepted, as in SGLang)."""
-        self._before_update(kwargs)
-        return self._call_everywhere("update_weights_from_tensor", named_tensors, *args, **kwargs)
+    # ---- every rank ------------------------------------------------------------------------
+    def update(self, source: UpdateSource, options: UpdateOptions | None = None) -> dict:
+        """Every rank runs the same update (each through its own loaders). Rank 0 owns the
+        requests: it refuses or drains first, before any rank writes, so no worker runs a
+        forward pass with new weights while rank 0 still has old ones. A refusal there is
+        every rank's: where a sender is already pushing bytes to every rank (a broadcast,
+        resharded pieces), every rank still takes them (``refuse_with``) and refuses too,
+        so nothing changes anywhere and no sender hangs; the original refusal is raised."""
+        options = options or UpdateOptions()
+        try:
+            self.pause.refuse_if_busy(options.abort_all_requests)
+            if self.pause.paused and self.pause.pause_mode == "wait":
+                self.pause.drain(options.wait_timeout_s, self.pause.stats[-1])
+        except REFUSALS as refusal:
+            if type(source).refused is not UpdateSource.refused:  # a sender is pushing to every rank
+                try:
+                    self._call_everywhere("update", source, replace(options, refuse_with=str(refusal)))
+                except UpdateError:
+                    pass  # every rank refused, as asked: the original refusal says why
+            raise
+        return self._call_everywhere("update", source, options)
 
     def take_snapshot(self) -> dict:
         return self._call_everywhere("take_snapshot")
-
-    def rollback(self, *args, **kwargs) -> dict:
-        self._before_update(kwargs)
-        return self._call_everywhere("rollback", *args, **kwargs)
 
     def verify_addresses_on_every_rank(self) -> None:
         """The address audit on every rank (``verify_addresses`` checks rank 0 alone: each
@@ -356,23 +244,6 @@ class TPEngine(Engine):
 
     def destroy_weights_update_group(self, *args, **kwargs) -> dict:
         return self._call_everywhere("destroy_weights_update_group", *args, **kwargs)
-
-    def update_weights_from_distributed(self, names, dtypes, shapes, group_name: str = "weight_update_group",
-                                        **kwargs) -> dict:
-        """SGLang's way for tensor-parallel engines: every rank is a member of the trainer's
-        weight-update group (``rank_offset + tp_rank``), receives the full broadcast and
-        keeps its slice through its loaders. (``update_weights_resharded`` sends each rank
-        only its pieces instead.) A refusal refuses on every rank, after the bytes."""
-        return self._receive_everywhere("update_weights_from_distributed", names, dtypes, shapes, group_name,
-                                        **kwargs)
-
-    def update_weights_resharded(self, plan, group_name: str = "weight_update_group",
-                                 weight_version: str | None = None, flush_cache: bool = True,
-                                 abort_all_requests: bool = False, **kwargs) -> dict:
-        """Receive a resharded update (see ``weights/reshard.py``): each rank takes only
-        the pieces its shard needs, from whichever trainer ranks hold them."""
-        return self._receive_everywhere("update_weights_resharded", plan, group_name, weight_version=weight_version,
-                                        flush_cache=flush_cache, abort_all_requests=abort_all_requests, **kwargs)
 
     # ---- inspection and shutdown -----------------------------------------------------------
     def rank_parameters(self, rank: int) -> dict[str, torch.Tensor]:

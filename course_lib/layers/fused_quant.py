@@ -160,7 +160,7 @@ def _refuse_non_finite(bad: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: the weight holds NaN or infinite values")
 
 
-# ---- the two passes over several weights, into tensors the caller gives (layers/direct_quant.py
+# ---- the two passes over several weights, into tensors the caller gives (weights/commit/direct_quant.py
 # writes a hot update's shards into a layer's live rows with them); the quantizers below are the
 # two passes over one weight into new tensors -------------------------------------------------
 

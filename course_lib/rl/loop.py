@@ -221,8 +221,9 @@ def train(engine, cfg: LoopConfig, policy: Policy | None = None, sync=None, serv
     checkpoint); ``sync`` an object from ``sync.py``; with ``server`` (a running
     ``BackgroundServer`` of ``engine``) generation and sync go over HTTP.
 
-    One function of ~70 lines on purpose: it reads top to bottom in the order chapter 08's
-    timeline draws a step (generate, reward, train, sync), which helpers would scatter."""
+    It reads top to bottom in the order chapter 08's timeline draws a step (generate,
+    reward, train, sync); only where a batch comes from is told apart (``first_batch``,
+    ``next_batch``)."""
     from course_lib.rl.sync import HttpSync, InProcessSync
 
     if cfg.pause_mode is not None and server is not None:
@@ -243,16 +244,9 @@ def train(engine, cfg: LoopConfig, policy: Policy | None = None, sync=None, serv
             return now
 
         # Version 0 is what the engine serves now; label it so every token names its step.
-        if server is not None:
-            client.update_weight_version(trainer.version)
-        else:
-            engine.update_weight_version(trainer.version)
+        (client or engine).update_weight_version(trainer.version)
         t = time.perf_counter()
-        if server is not None:
-            batch = gen.generate_over_http(result, 0)
-        else:
-            gen.submit(gen.prompts(), 0)
-            batch = gen.collect(result, 0)
+        batch = first_batch(gen, result, client)
         t = phase(0, "generate", t)
         for step in range(cfg.steps):
             last = step == cfg.steps - 1
@@ -271,25 +265,42 @@ def train(engine, cfg: LoopConfig, policy: Policy | None = None, sync=None, serv
             t = phase(step, "train", t)
             s = sync.sync(policy.named_tensors(), trainer.version, cfg.pause_mode if not last else None)
             s.update(step=step, version=trainer.version, replaced=old_version)
-            result.syncs.append(s)
-            for name, ms in s["phases_ms"].items():  # the engine's own phases, laid end to end
-                result.timeline.append((step, f"sync: {name}", t - t0, t - t0 + ms / 1e3))
-                t += ms / 1e3
+            record_sync(result, s, step, t - t0)
             t = time.perf_counter()
             if last:
                 break
-            if server is not None:
-                batch = gen.generate_over_http(result, step + 1)
-            elif cfg.pause_mode is None:
-                gen.submit(gen.prompts(), step + 1)
-                batch = gen.collect(result, step + 1)
-            else:
-                batch = gen.collect(result, step + 1)
+            batch = next_batch(gen, result, client, cfg, step + 1)
             t = phase(step + 1, "generate" if cfg.pause_mode is None else "generate (after sync)", t)
         result.seconds = time.perf_counter() - t0
         if server is not None:
             sync.close()
     return result
+
+
+def record_sync(result: LoopResult, s: dict, step: int, start: float) -> None:
+    """A step's sync and its phases on the timeline, laid end to end from ``start`` (s)."""
+    result.syncs.append(s)
+    for name, ms in s["phases_ms"].items():  # the engine's own phases
+        result.timeline.append((step, f"sync: {name}", start, start + ms / 1e3))
+        start += ms / 1e3
+
+
+def first_batch(gen: "Rollouts", result: LoopResult, client) -> list:
+    """Step 0's rollouts: over HTTP (``client``), or submitted to the engine and collected."""
+    if client is not None:
+        return gen.generate_over_http(result, 0)
+    gen.submit(gen.prompts(), 0)
+    return gen.collect(result, 0)
+
+
+def next_batch(gen: "Rollouts", result: LoopResult, client, cfg: LoopConfig, step: int) -> list:
+    """Step ``step``'s rollouts: over HTTP, submitted now (no partial rollouts), or the ones
+    submitted before the sync (partial rollouts), collected."""
+    if client is not None:
+        return gen.generate_over_http(result, step)
+    if cfg.pause_mode is None:
+        gen.submit(gen.prompts(), step)
+    return gen.collect(result, step)
 
 
 def measure_keep_gap(trainer: Trainer, batch: list[Rollout], temperature: float) -> float:

@@ -23,13 +23,15 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from course_lib.engine.update_sources import deserialize_tensor_payload, named_tensors_of
 from course_lib.engine.sequence import SamplingParams
 from course_lib.server import schemas as s
 from course_lib.server import streaming
 from course_lib.server.errors import ApiError, from_engine_exception, install_handlers
 from course_lib.server.guard import GuardMiddleware
 from course_lib.server.worker import EngineWorker
+from course_lib.update import payload as tensor_payload
+from course_lib.update.records import UpdateOptions
+from course_lib.update.sources import BroadcastSource, DiskSource, RegisteredSource, TensorSource
 from course_lib.weights.transports import safe_pickle
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
@@ -229,51 +231,68 @@ def add_serving_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
         return await worker.call(flush)
 
 
-def decode_tensor_request(payload, load_format: str | None, tp_rank: int = 0) -> tuple[object, str | None]:
-    """What ``/update_weights_from_tensor`` hands the engine, and with which load_format
-    (run in the thread pool: the unpickling stays off the engine thread and the event loop).
+# ---- updates: one route per transport, each a source built from the request -------------------
+# A weight update whose client is gone before the engine takes it up is not applied: a
+# trainer killed with buckets in flight must not have them land after it (they would be
+# acknowledged to nobody). One the engine has begun is finished: a bucket is whole or not at all.
 
-    This rank's payload is unpickled through the allowlist (``deserialize_tensor_payload``,
-    which picks ``payload[tp_rank]`` from a per-rank list as ``TensorSource`` does). A
-    flattened bucket stays a bucket, with its load_format: the engine's ``TensorSource``
-    then checks it, with one lookup where its layout and buffer were seen before
-    (``weights/commit/bucket_cache.py``), and otherwise unpacks it and checks each entry, with the
-    same errors (400 ``bad_request``). So its entries are checked on the engine thread,
-    after the pause rules, as an in-process caller's are: a bad bucket posted while
-    requests run unpaused is refused as busy (409) first. What is not even shaped like a
-    bucket (no dict with "flattened_tensor" and "metadata") is refused here, as before.
-    Anything else becomes checked (name, tensor) pairs here, as before."""
-    decoded = deserialize_tensor_payload(payload, load_format, tp_rank)
-    if (load_format == "flattened_bucket" and isinstance(decoded, dict)
-            and "flattened_tensor" in decoded and "metadata" in decoded):
-        return decoded, load_format
-    return named_tensors_of(decoded, load_format), None  # a bucket that is no dict of both: raises
+async def disk_source(req: s.DiskUpdateRequest, engine) -> DiskSource:
+    return DiskSource(await run_in_threadpool(s.checkpoint_dir, req))  # stat calls: off the event loop
+
+
+async def tensor_source(req: s.TensorUpdateRequest, engine) -> TensorSource:
+    """The payload decoded once, in the thread pool: the unpickling stays off the engine
+    thread and the event loop (``update/payload.py``). A flattened bucket's entries are
+    checked on the engine thread, after the pause rules, as an in-process caller's are (a
+    bad bucket posted while requests run unpaused is refused as busy, 409, first); what is
+    not even shaped like a bucket is refused here (400)."""
+    try:
+        decoded = await run_in_threadpool(tensor_payload.decode, req.serialized_named_tensors, req.load_format,
+                                          engine.config.tp_rank)
+    except Exception as exc:  # noqa: BLE001 - unsafe pickles and bad payloads become 400s
+        raise from_engine_exception(exc, engine) from None
+    return TensorSource(decoded, req.load_format)
+
+
+async def registered_source(req: s.RegisteredUpdateRequest, engine) -> RegisteredSource:
+    return RegisteredSource(req.buckets, req.epoch)
+
+
+async def broadcast_source(req: s.DistributedUpdateRequest, engine) -> BroadcastSource:
+    s.check_announced_tensors(req)
+    return BroadcastSource(req.names, req.dtypes, req.shapes, req.group_name, req.load_format)
+
+
+# path -> (request body, the source it builds, whether a client that left cancels it). A
+# broadcast is not cancelled: the trainer is pushing its bytes, and they must be taken.
+UPDATE_ROUTES = {
+    "/update_weights_from_disk": (s.DiskUpdateRequest, disk_source, True),
+    "/update_weights_from_tensor": (s.TensorUpdateRequest, tensor_source, True),
+    "/update_weights_from_registered": (s.RegisteredUpdateRequest, registered_source, True),
+    "/update_weights_from_distributed": (s.DistributedUpdateRequest, broadcast_source, False),
+}
+
+
+def update_options(req) -> UpdateOptions:
+    return UpdateOptions(weight_version=s.version_text(req.weight_version), flush_cache=req.flush_cache,
+                         abort_all_requests=req.abort_all_requests)
+
+
+def add_update_route(app: FastAPI, engine, worker: EngineWorker, path: str, body, build, cancellable: bool) -> None:
+    async def route(req, request: Request):
+        source, options = await build(req, engine), update_options(req)
+        if cancellable:
+            return await call_unless_disconnected(worker, request, lambda e: e.update(source, options))
+        # Blocks the engine thread until the trainer's broadcast has arrived; the event loop only awaits.
+        return await worker.call(lambda e: e.update(source, options))
+    route.__annotations__ = {"req": body, "request": Request}  # real types: FastAPI reads the body's schema
+    app.post(path, name=path.strip("/"))(route)
 
 
 def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
-    """Updates from disk and from tensors, and the version label."""
-
-    # A weight update whose client is gone before the engine takes it up is not applied: a
-    # trainer killed with buckets in flight must not have them land after it (they would be
-    # acknowledged to nobody). One the engine has begun is finished: a bucket is whole or not at all.
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(req: s.DiskUpdateRequest, request: Request):
-        path = await run_in_threadpool(s.checkpoint_dir, req)  # stat calls: off the event loop
-        version = s.version_text(req.weight_version)
-        return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_disk(
-            path, weight_version=version, flush_cache=req.flush_cache, abort_all_requests=req.abort_all_requests))
-
-    @app.post("/update_weights_from_tensor")
-    async def update_weights_from_tensor(req: s.TensorUpdateRequest, request: Request):
-        try:
-            payload, load_format = await run_in_threadpool(decode_tensor_request, req.serialized_named_tensors,
-                                                           req.load_format, engine.config.tp_rank)
-        except Exception as exc:  # noqa: BLE001 - unsafe pickles and bad buckets become 400s
-            raise from_engine_exception(exc, engine) from None
-        version = s.version_text(req.weight_version)
-        return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_tensor(
-            payload, load_format=load_format, flush_cache=req.flush_cache, weight_version=version,
-            abort_all_requests=req.abort_all_requests))
+    """Updates (``UPDATE_ROUTES``), and the version label."""
+    for path, (body, build, cancellable) in UPDATE_ROUTES.items():
+        add_update_route(app, engine, worker, path, body, build, cancellable)
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: s.VersionRequest):
@@ -294,20 +313,13 @@ def add_registered_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
         return await call_unless_disconnected(worker, request, lambda e: e.register_weight_buffers(
             payload, partial=req.partial, copy_mode=req.copy_mode))
 
-    @app.post("/update_weights_from_registered")
-    async def update_weights_from_registered(req: s.RegisteredUpdateRequest, request: Request):
-        version = s.version_text(req.weight_version)
-        return await call_unless_disconnected(worker, request, lambda e: e.update_weights_from_registered(
-            req.buckets, req.epoch, weight_version=version, flush_cache=req.flush_cache,
-            abort_all_requests=req.abort_all_requests))
-
     @app.post("/unregister_weight_buffers")
     async def unregister_weight_buffers():
         return await worker.call(lambda e: e.unregister_weight_buffers())
 
 
 def add_group_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
-    """torch.distributed weight-update groups: join, receive a broadcast, leave."""
+    """torch.distributed weight-update groups: join and leave (the broadcast is an update route)."""
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(req: s.InitGroupRequest):
@@ -320,15 +332,6 @@ def add_group_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
         # the group's connect timeout, dist.CONNECT_TIMEOUT_S).
         return await worker.call(lambda e: e.init_weights_update_group(
             req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend))
-
-    @app.post("/update_weights_from_distributed")
-    async def update_weights_from_distributed(req: s.DistributedUpdateRequest):
-        s.check_announced_tensors(req)
-        version = s.version_text(req.weight_version)
-        # Blocks the engine thread until the trainer's broadcast has arrived; the event loop only awaits.
-        return await worker.call(lambda e: e.update_weights_from_distributed(
-            req.names, req.dtypes, req.shapes, group_name=req.group_name, flush_cache=req.flush_cache,
-            weight_version=version, load_format=req.load_format, abort_all_requests=req.abort_all_requests))
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(req: s.DestroyGroupRequest | None = None):

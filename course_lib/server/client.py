@@ -172,38 +172,28 @@ class EngineClient:
     def sync_weights(self, named_tensors=None, model_path=None, weight_version=None, pause_mode: str | None = None,
                      bucket_bytes: int = DEFAULT_BUCKET_BYTES, flush_interval_s: float = 1.0,
                      flush_tries: int = 60) -> dict:
-        # Over 60 lines only by its docstring: it is the exercise's whole statement.
-        """Push new weights the way an RL trainer does (slime's calls, in slime's order).
+        """Push new weights to the server as an RL trainer does, and leave it serving them.
 
-        Give exactly one of ``named_tensors`` ((name, tensor) pairs, sent as IPC buckets by
-        ``self.send_buckets``) or ``model_path`` (a checkpoint dir the server reads, one
-        ``self.update_weights_from_disk(model_path, weight_version=..., flush_cache=False)``);
-        both or neither: ``ValueError`` before any call. The calls:
+        Give exactly one of ``named_tensors`` ((name, tensor) pairs, sent as buckets by
+        ``self.send_buckets``) or ``model_path`` (a checkpoint dir the server reads, with
+        ``flush_cache=False``); both or neither: ``ValueError`` before any request.
 
-        1. ``self.pause_generation(pause_mode)`` (None posts ``{}``: the server's default, abort);
-        2. ``self.flush_until_done(flush_interval_s, flush_tries)``: the tries it took;
-        3. the update (buckets, or the disk update), carrying ``weight_version``;
-        4. ``self.flush_until_done(...)`` once more: nothing computed before survives;
-        5. ``self.continue_generation()``.
+        Promises, in this order: generation paused in ``pause_mode`` (None: the server's
+        default); the prefix cache emptied (``self.flush_until_done(flush_interval_s,
+        flush_tries)``); the update, carrying ``weight_version``; the cache emptied once
+        more (nothing computed before survives); generation continued. Returns the seconds
+        of each of those five phases (``pause_s``, ``flush_wait_s``, ``update_s``,
+        ``flush_s``, ``continue_s``; ``time.perf_counter``) and ``total_s`` their sum, with
+        ``flush_tries`` (the first emptying's), ``buckets`` (non-empty buckets sent; 0 from
+        disk), ``bytes`` (the update replies' ``"bytes"``, summed) and
+        ``num_aborted_requests`` (from the pause's reply).
 
-        Returns the seconds each phase took, measured with ``time.perf_counter``:
-        ``pause_s`` (1), ``flush_wait_s`` (2), ``update_s`` (3), ``flush_s`` (4),
-        ``continue_s`` (5) and ``total_s`` (their sum); with ``flush_tries`` (from 2),
-        ``buckets`` (non-empty buckets sent; 0 from disk), ``bytes`` (the update replies'
-        ``"bytes"``, summed) and ``num_aborted_requests`` (from the pause's reply).
-
-        When a step after the pause fails with an ``EngineError``:
-
-        - if no weight changed yet (the first flush gave up, the disk update was refused:
-          disk updates validate everything before the first write, or the first bucket was
-          refused: each bucket is validated before it is copied), continue generation
-          anyway, so the server serves its old weights, whole, instead of staying paused
-          for nobody, then raise the error;
-        - if some weights changed (a bucket after the first, the version bucket or the
-          last flush failed), the server would serve a mix of two versions: leave it
-          paused and raise the error (send the update again, or roll back).
-
-        Other errors (a broken connection) are raised as they are, without further calls.
+        When a request after the pause fails with an ``EngineError``: while no weight can
+        have changed (the first emptying gave up, the disk update or the first bucket was
+        refused: each is validated before it is written), generation is continued, so the
+        old weights serve, whole, then the error is raised; once some may have changed, the
+        server is left paused (a mix of two versions must not serve) and the error raised.
+        Other errors (a broken connection) are raised as they are, with no further request.
         """
         # BEGIN EXERCISE ch07.client_flow
         if (named_tensors is None) == (model_path is None):

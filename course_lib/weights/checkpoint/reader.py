@@ -23,7 +23,6 @@ from safetensors import safe_open
 
 from course_lib import settings
 from course_lib.config import ConfigError, ModelConfig
-from course_lib.models.qwen3 import hf_tensor_shapes
 from course_lib.weights.checkpoint import instanttensor_reader
 from course_lib.weights.checkpoint.pinned_reader import iter_safetensors_to_gpu
 from course_lib.weights.checkpoint.safetensors_format import (CheckpointError, check_safetensors_size, file_identity,

@@ -6,7 +6,7 @@ tensors, in the same order, into the same few buffers each step. The general pat
 (``bucket.unpack``, ``validate.validate_tensors``, the copy plan) redoes, for every bucket of
 every update, what does not change between steps: every metadata entry checked, a view
 built and a name looked up per tensor, a copy per tensor. ``BucketCache`` (one per engine
-rank, held by ``engine/transfers.py``) keeps what is safe to keep:
+rank, held by ``update/transfers.py``) keeps what is safe to keep:
 
 - **layouts**, keyed by the bucket's metadata (every entry's name, shape, dtype, offsets
   and numel, with the buffer's dtype and length). A key seen for the first time is
@@ -53,7 +53,7 @@ or a tensor-parallel rank (no copy plan), a bucket on another device, SGLang's e
 layout with a conversion (a flat buffer of one dtype holding tensors of another), and
 wherever the course's parts this path stands in for (chapter 05's ``validate_bucket``,
 chapter 04's commit step) are not the instructor edition's, so a learner's part is always
-the one that runs and is graded (``exercises.is_reference``).
+the one that runs and is graded (the engine reads that once: ``update/port.py``).
 """
 from __future__ import annotations
 
@@ -66,19 +66,15 @@ import torch
 
 from course_lib import settings
 from course_lib.dtypes import dtype_name
-from course_lib.exercises import is_reference
 from course_lib.weights.transports import bucket
 from course_lib.weights.commit import copy_table
+from course_lib.weights.commit.destinations import DestinationCheck
 from course_lib.weights.transports.bucket import FlattenedTensorMetadata
-from course_lib.weights.commit.copy_plan import CopyPlan
 from course_lib.weights.commit.validate import UpdateError, check_finite, validate_tensors
-from course_lib.weights.commit.copy_plan import copy_in_place
 
 MAX_BUFFERS = 4     # trainer buffers kept mapped (a trainer uses two in turn)
 MAX_LAYOUTS = 4096  # validated layouts kept, and tables per buffer (a step's buckets, several times over)
 
-VALIDATE_STEP = "ch05.validate_bucket"     # what the layout check stands in for (bucket.validate)
-COMMIT_STEP = copy_table.COMMIT_STEP       # what the copy table stands in for (CopyPlan.apply)
 
 _FIELDS = operator.attrgetter("name", "shape", "dtype", "start_idx", "end_idx", "numel")
 _SHAPE = operator.itemgetter(1)
@@ -112,7 +108,7 @@ class BoundBucket:
         self.audited = False  # the caller audits the destinations' addresses once, before the first copy
         self.storage = flat.untyped_storage()  # held: the mapping stays open, the identity unique
         self.identity = storage_identity(flat)
-        self.destinations = copy_table._DestinationCheck([(0, d) for d in table.destinations[0]])
+        self.destinations = DestinationCheck([(0, d) for d in table.destinations[0]])
         data = flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
         # Typed views of the bucket's floating tensors, for the NaN check (``check_finite``).
         self.floating = [(name, data[start:start + n].view(dtype)) for name, dtype, start, n in layout.spans
@@ -178,13 +174,7 @@ class BucketCache:
         self.stats = {"layouts_validated": 0, "layout_hits": 0, "tables_built": 0, "table_hits": 0,
                       "buffers_dropped": 0}
 
-    # ---- whether the fast path applies ------------------------------------------------------
-    def applies(self, model, commit) -> bool:
-        """The engine's own parts run here: a copy plan (unquantized, one rank), the
-        engine's commit step, and the instructor edition's bucket check and commit step."""
-        return (self.enabled and commit is copy_in_place and CopyPlan.for_model(model) is not None
-                and is_reference(bucket.validate, VALIDATE_STEP) and is_reference(CopyPlan.apply, COMMIT_STEP))
-
+    # ---- the lookup ---------------------------------------------------------------------------
     def on_engine_device(self, t: torch.Tensor) -> bool:
         """Whether ``t`` is on the engine's device (on a GPU: the engine's GPU, not another)."""
         if t.device.type != self.device.type:
@@ -193,25 +183,29 @@ class BucketCache:
             return True
         return t.device.index == (torch.cuda.current_device() if self.device.index is None else self.device.index)
 
-    # ---- the lookup ---------------------------------------------------------------------------
-    def lookup(self, model, payload, resident: bool = False) -> BoundBucket | None:
-        """The validated bucket bound to its buffer, or None where the general path must
-        apply it (see the module docstring). Raises ``UpdateError`` naming what is wrong
+    def lookup(self, model, payload, resident: bool = False) -> BoundBucket | str:
+        """The validated bucket bound to its buffer, or, where the general path must apply
+        it, why (see the module docstring). Raises ``UpdateError`` naming what is wrong
         with a bad bucket; nothing is written either way. ``resident``: the buffer is the
         engine's own (a broadcast's receive buffer, ``dist.ReceivePool``), not a trainer's
-        mapping: its tables stay until ``forget``, whatever ``release`` finds."""
+        mapping: its tables stay until ``forget``, whatever ``release`` finds. Whether the
+        engine may use cached tables at all is the caller's question (``update/port.py``)."""
+        if not self.enabled:
+            return "the bucket cache is switched off (BucketCache.enabled)"
         if not isinstance(payload, dict):
-            return None
+            return "not a flattened bucket"
         flat, metadata = payload.get("flattened_tensor"), payload.get("metadata")
         if not (isinstance(flat, torch.Tensor) and isinstance(metadata, (list, tuple)) and metadata
-                and flat.dim() == 1 and flat.is_contiguous() and self.on_engine_device(flat)):
-            return None
+                and flat.dim() == 1 and flat.is_contiguous()):
+            return "not a contiguous 1-D buffer with metadata"
+        if not self.on_engine_device(flat):
+            return f"the buffer is on {flat.device}, not the engine's device"
         if set(map(type, metadata)) != {FlattenedTensorMetadata}:
-            return None  # the general path names what is wrong
+            return "metadata entries of other types"  # the general path names what is wrong
         entries = tuple(map(_FIELDS, metadata))
         if not (set(map(type, chain.from_iterable(entries))) <= _FIELD_TYPES
                 and set(map(type, chain.from_iterable(map(_SHAPE, entries)))) <= {int}):
-            return None  # a shape that is no torch.Size of ints, a bool offset, ...: the general path
+            return "metadata fields of other types"  # a bool offset, ...: the general path names what is wrong
         key = (flat.dtype, flat.numel(), entries)
         layout = self.layouts.get(key)
         if layout is None:
@@ -220,7 +214,7 @@ class BucketCache:
             self.layouts.move_to_end(key)
             self.stats["layout_hits"] += 1
         if not layout.eligible:
-            return None
+            return "SGLang's element layout with a conversion (a buffer of one dtype holding tensors of another)"
         identity = storage_identity(flat)
         tables = self.buffers.get(identity)
         bound = None if tables is None else tables.get(key)
@@ -230,7 +224,7 @@ class BucketCache:
         else:
             bound = self._bind(model, flat, layout, identity)
             if bound is None:
-                return None
+                return "the copy table refuses this buffer"  # the general path runs, in its own words
         self.used.add(identity)
         self.uses[identity] += 1
         if resident:

@@ -25,6 +25,7 @@ from course_lib.exercises import is_written
 from course_lib.weights.checkpoint import hf_tensor_shapes
 
 
+COMMIT_STEP = "ch04.copy_in_place"  # the exercise ``CopyPlan.apply`` holds: the commit step
 SMALL_COPY_BYTES = 1 << 20  # below this, tensors are copied together in one grouped call
 
 
@@ -123,14 +124,35 @@ class CopyPlan:
 
 
 def copy_in_place(model, named_tensors, device) -> None:
-    """The commit step: copy validated (name, tensor) pairs into the live parameters, in
-    place (never rebinding one): through the model's copy plan where it has one
-    (unquantized, one rank), else through its loaders (fusion, TP slicing, staging for
-    requantization). On GPU the copies may still be running when it returns."""
+    """The commit step, decided at each call: copy validated (name, tensor) pairs into the
+    live parameters, in place (never rebinding one): through the model's copy plan where
+    it has one (unquantized, one rank) and its part is written, else through its loaders
+    (fusion, TP slicing, staging for requantization). On GPU the copies may still be
+    running when it returns. An engine decides this once (``update/port.py``'s
+    ``engine_commit_step``); this function is for code that commits outside an engine."""
     plan = CopyPlan.for_model(model)
     # The student edition before chapter 04: the plan's commit step is unwritten, so the
     # loaders commit instead (the part is switched off, never routed around once written).
-    if plan is not None and is_written(CopyPlan.apply, "ch04.copy_in_place"):
+    if plan is not None and is_written(CopyPlan.apply, COMMIT_STEP):
         plan.apply(named_tensors)  # copies from wherever the tensors are, straight into the weights
         return
     model.load_weights((name, t.to(device, non_blocking=True)) for name, t in named_tensors)
+
+
+def read_checkpoint_tensor(model: nn.Module, name: str, truncate_size: int = 100) -> torch.Tensor:
+    """The current values of checkpoint tensor ``name`` (its first ``truncate_size`` rows),
+    read back out of the model's fused, sharded or quantized parameters (dequantized for
+    int8 / FP8; this rank's shard under tensor parallelism), as a new tensor. Raises
+    ``KeyError`` for a name the model does not have."""
+    if name == "lm_head.weight" and model.config.tie_word_embeddings:
+        name = "model.embed_tokens.weight"
+    target = model.map_checkpoint_name(name)
+    if target is None:
+        raise KeyError(f"{name!r} is not a weight of this model")
+    param_name, shard_id = target
+    module = model.get_submodule(param_name.rsplit(".", 1)[0])
+    method = getattr(module, "quant_method", None)
+    full = method.dequantized_weight(module) if hasattr(method, "dequantized_weight") else module.weight
+    if shard_id is not None:                   # its rows of a fused q/k/v or gate/up weight
+        full = full.narrow(0, *module.shard_rows(shard_id))
+    return full[:truncate_size].detach().clone()

@@ -14,7 +14,8 @@ same tensors in the same order. Here the trainer registers once:
   out; ``pieces`` is ``[[bucket, offset, nbytes], ...]``: a tensor may span buckets, so
   no bucket is ever larger than the buffers.
 
-``stream_layout`` builds that layout (both sides can, from names, dtypes and shapes).
+``transports/registered.py``'s ``stream_layout`` builds that layout (both sides can, from
+names, dtypes and shapes).
 ``RegisteredTable.build`` validates it once, against the model, before anything is
 mapped for use: bounds, every tensor's pieces covering its bytes exactly once, no two
 pieces reading the same bytes, floating dtypes (the engine's own is copied byte for
@@ -28,8 +29,9 @@ one Triton kernel over a table of chunks (``scatter_copy.py``).
 
 Whose code copies: these copies do the work of chapter 04's commit step
 (``CopyPlan.apply``) their own way, so they run only where that step is the instructor
-edition's (``exercises.is_reference``). Where it is a learner's, the
-learner's commit step copies every piece of the message: it is handed a plan whose views
+edition's (the engine asks ``exercises.is_reference`` once, ``update/port.py``'s ``Parts``,
+and names the copy mode). Where it is a learner's, the
+learner's commit step copies every piece of the message (mode "commit_step"): it is handed a plan whose views
 are the pieces' destinations (each a slice of a weight's bytes or elements) and the
 pieces' source bytes, so a wrong commit step shows in the weights here as on every other
 path. Where it is the student edition's unwritten stub, the table's own loop copies (the
@@ -44,25 +46,19 @@ destination storages (like the address audit), so an old address is never reused
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from course_lib import settings
 from course_lib.capture import no_collection_while_capturing
-from course_lib.exercises import is_reference, is_written
+from course_lib.dtypes import DtypeError, parse_dtype
 from course_lib.weights.commit import scatter_copy
-from course_lib.dtypes import DtypeError, dtype_name, parse_dtype
-from course_lib.weights.transports.bucket import ALIGN, align_up
 from course_lib.weights.commit.copy_plan import CopyPlan
+from course_lib.weights.commit.destinations import Destination, DestinationCheck
+from course_lib.weights.commit.validate import UpdateError, validate_tensors
+from course_lib.weights.transports.registered import RegistrationError
 
-COPY_MODES = ("loop", "foreach", "graph", "scatter")
+COPY_MODES = ("loop", "foreach", "graph", "scatter")  # "commit_step" too, chosen by the engine (update/port.py)
 
-COMMIT_STEP = "ch04.copy_in_place"  # the exercise these copies stand in for (CopyPlan.apply)
-
-
-class RegistrationError(ValueError):
-    """A registration or a registered update refused; the message names what was wrong."""
 
 
 def _nbytes(dtype: torch.dtype, shape) -> int:
@@ -70,40 +66,6 @@ def _nbytes(dtype: torch.dtype, shape) -> int:
     for s in shape:
         n *= int(s)
     return n
-
-
-def stream_layout(metas, bucket_bytes: int, num_buffers: int | None = 2) -> dict:
-    """The registration layout of ``metas`` ([(name, dtype, shape)] in send order): each
-    tensor's bytes start 16-byte aligned in one stream, cut into buckets of ``bucket_bytes``.
-
-    ``num_buffers``: bucket ``k`` lives at the start of buffer ``k % num_buffers`` (a
-    trainer packing into a few reused buffers), or, with None, every bucket is a range of
-    one buffer holding the whole stream (a trainer whose weights live in that buffer: no
-    packing at all). Returns {"buffer_bytes": [...], "buckets": [...], "tensors": [...]}."""
-    if bucket_bytes <= 0 or bucket_bytes % ALIGN:
-        raise RegistrationError(f"bucket_bytes must be a positive multiple of {ALIGN}, got {bucket_bytes}")
-    tensors, pos = [], 0
-    for name, dtype, shape in metas:
-        pos = align_up(pos)
-        n, pieces = _nbytes(dtype, shape), []
-        start, end = pos, pos + _nbytes(dtype, shape)
-        while start < end:
-            k, off = divmod(start, bucket_bytes)
-            take = min(end - start, bucket_bytes - off)
-            pieces.append([k, off, take])
-            start += take
-        tensors.append([name, dtype_name(dtype), [int(s) for s in shape], pieces])
-        pos += n
-    num_buckets = -(-pos // bucket_bytes)
-    sizes = [min(bucket_bytes, pos - k * bucket_bytes) for k in range(num_buckets)]
-    if num_buffers is None:
-        return {"buffer_bytes": [pos], "tensors": tensors,
-                "buckets": [[0, k * bucket_bytes, sizes[k]] for k in range(num_buckets)]}
-    if num_buffers < 1:
-        raise RegistrationError(f"num_buffers must be at least 1 (or None), got {num_buffers}")
-    used = min(num_buffers, num_buckets)
-    return {"buffer_bytes": [max(sizes[k::num_buffers]) for k in range(used)], "tensors": tensors,
-            "buckets": [[k % num_buffers, 0, sizes[k]] for k in range(num_buckets)]}
 
 
 def _ints(value, what: str, count: int) -> list[int]:
@@ -121,58 +83,6 @@ def _dtype(name, what: str) -> torch.dtype:
         raise RegistrationError(f"{what}: unknown dtype {name!r}") from None
 
 
-class _Destination:
-    """A destination parameter as registration found it: the module's parameter dict, the
-    attribute, the Parameter object and its identity (see the module docstring). Checked
-    with a few C calls per parameter: an update of hundreds of them checks in microseconds."""
-    __slots__ = ("params", "attr", "param", "identity", "label")
-
-    def __init__(self, module: torch.nn.Module, attr: str, label: str):
-        self.params, self.attr, self.label = module._parameters, attr, label
-        self.param = self.params[attr]
-        self.identity = self.identity_of(self.param)
-
-    @staticmethod
-    def identity_of(p: torch.Tensor) -> tuple:
-        return (p.data_ptr(), p.shape, p.stride(), p.dtype)
-
-    def moved(self) -> bool:
-        p = self.params.get(self.attr)
-        return p is not self.param or self.identity_of(p) != self.identity
-
-
-class _DestinationCheck:
-    """The destinations of one set of buckets, each parameter once, checked together:
-    the modules still hold the same Parameter objects, and their pointers, shapes,
-    strides and dtypes are unchanged, each compared as one list (the attribute reads run
-    in C through ``map``; about a third less time than one call per parameter, which
-    matters for a ~1.7B model, whose whole copy takes under two milliseconds). Only when
-    something moved is it looked for one by one, to name it."""
-
-    def __init__(self, destinations: list[tuple[int, _Destination]]):
-        self.destinations = destinations  # (bucket, destination)
-        self.dicts = [d.params for _, d in destinations]
-        self.attrs = [d.attr for _, d in destinations]
-        self.params = [d.param for _, d in destinations]
-        # As registration recorded them (this check may be made later, after a rebind).
-        self.identity = tuple(map(list, zip(*(d.identity for _, d in destinations))))
-
-    @staticmethod
-    def _identity(params) -> tuple:
-        t = torch.Tensor
-        return (list(map(t.data_ptr, params)), list(map(t.size, params)), list(map(t.stride, params)),
-                list(map(_DTYPE, params)))
-
-    def first_moved(self) -> tuple[int, _Destination] | None:
-        held = all(map(operator.is_, map(dict.get, self.dicts, self.attrs), self.params))
-        if held and self._identity(self.params) == self.identity:
-            return None
-        return next(((k, d) for k, d in self.destinations if d.moved()), self.destinations[0])
-
-
-_DTYPE = operator.attrgetter("dtype")
-
-
 class RegisteredTable:
     """A validated registration: per bucket, the (source, destination) byte views to copy."""
 
@@ -181,13 +91,13 @@ class RegisteredTable:
         self.bucket_specs = bucket_specs      # [(buffer, offset, nbytes)]
         self.copies = copies                  # per bucket: ([sources], [destinations])
         self.labels = labels                  # per bucket: each copy's "name bytes [a, b)"
-        self.destinations = destinations      # per bucket: [_Destination]
+        self.destinations = destinations      # per bucket: [Destination]
         self.nbytes = nbytes                  # per bucket: payload bytes
         self.names = names                    # checkpoint names registered
         self.graphs: dict[int, object] = {}   # bucket -> captured CUDA graph (mode "graph")
         self.scatter_tables: list = []        # per bucket: scatter_copy's chunk table (mode "scatter")
         self._joined: dict[tuple, torch.Tensor] = {}  # bucket numbers -> their tables joined (one launch)
-        self._checks: dict[tuple, _DestinationCheck] = {}  # bucket numbers -> their destinations' check
+        self._checks: dict[tuple, DestinationCheck] = {}  # bucket numbers -> their destinations' check
 
     def prepare(self, mode: str) -> None:
         """Capture the CUDA graphs or build the scatter tables now, so the first update
@@ -248,24 +158,7 @@ class RegisteredTable:
 
     @classmethod
     def _tables(cls, model, plan, tensors, buffers, specs, partial):
-        from course_lib.weights.commit.validate import UpdateError, validate_tensors# update imports copy_plan
-        if not isinstance(tensors, (list, tuple)) or not tensors:
-            raise RegistrationError("'tensors' must be a non-empty list of [name, dtype, shape, pieces]")
-        meta, entries = {}, []
-        for i, entry in enumerate(tensors):
-            if not (isinstance(entry, (list, tuple)) and len(entry) == 4 and isinstance(entry[0], str)):
-                raise RegistrationError(f"tensor entry {i} must be [name, dtype, shape, pieces]")
-            name, dtype, shape, pieces = entry
-            if name in meta:
-                raise RegistrationError(f"{name}: registered more than once")
-            if not (isinstance(shape, (list, tuple)) and all(type(s) is int and s >= 0 for s in shape)):
-                raise RegistrationError(f"{name}: shape {shape!r} is not a list of non-negative integers")
-            meta[name] = (tuple(shape), _dtype(dtype, name))
-            entries.append((name, meta[name][1], tuple(shape), pieces))
-        try:
-            validate_tensors(model.config, meta, partial)
-        except UpdateError as exc:
-            raise RegistrationError(str(exc)) from exc
+        meta, entries = cls._entries(model, tensors, partial)
         copies = [([], []) for _ in specs]
         labels = [[] for _ in specs]
         dests = [dict() for _ in specs]
@@ -309,7 +202,7 @@ class RegisteredTable:
                         copies[k][1].append(dst[pos // dtype.itemsize:(pos + n) // dtype.itemsize])
                     param = model.map_checkpoint_name(name)[0]
                     owner, _, attr = param.rpartition(".")
-                    dests[k][param] = _Destination(model.get_submodule(owner), attr, param)
+                    dests[k][param] = Destination(model.get_submodule(owner), attr, param)
                 pos += n
             if pos != _nbytes(dtype, shape):
                 raise RegistrationError(f"{name}: pieces hold {pos} of its {_nbytes(dtype, shape)} bytes")
@@ -318,6 +211,29 @@ class RegisteredTable:
         cls._no_overlap(sources, "read the same bytes")
         cls._no_overlap(targets, "write the same memory")
         return cls(buffers, specs, copies, labels, [list(d.values()) for d in dests], nbytes, list(meta))
+
+    @staticmethod
+    def _entries(model, tensors, partial: bool) -> tuple[dict, list]:
+        """The registered tensors checked ({name: (shape, dtype)} against the model, as an
+        update's tensors are) and their entries (name, dtype, shape, pieces)."""
+        if not isinstance(tensors, (list, tuple)) or not tensors:
+            raise RegistrationError("'tensors' must be a non-empty list of [name, dtype, shape, pieces]")
+        meta, entries = {}, []
+        for i, entry in enumerate(tensors):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 4 and isinstance(entry[0], str)):
+                raise RegistrationError(f"tensor entry {i} must be [name, dtype, shape, pieces]")
+            name, dtype, shape, pieces = entry
+            if name in meta:
+                raise RegistrationError(f"{name}: registered more than once")
+            if not (isinstance(shape, (list, tuple)) and all(type(s) is int and s >= 0 for s in shape)):
+                raise RegistrationError(f"{name}: shape {shape!r} is not a list of non-negative integers")
+            meta[name] = (tuple(shape), _dtype(dtype, name))
+            entries.append((name, meta[name][1], tuple(shape), pieces))
+        try:
+            validate_tensors(model.config, meta, partial)
+        except UpdateError as exc:
+            raise RegistrationError(str(exc)) from exc
+        return meta, entries
 
     @staticmethod
     def _no_overlap(intervals, what: str) -> None:
@@ -351,7 +267,7 @@ class RegisteredTable:
                     unique.setdefault(d.label, (k, d))
             if len(self._checks) >= 8:  # a few bucket sets at most (a sender uses one or two)
                 self._checks.pop(next(iter(self._checks)))
-            check = self._checks[key] = _DestinationCheck(list(unique.values()))
+            check = self._checks[key] = DestinationCheck(list(unique.values()))
         moved = check.first_moved()
         if moved is not None:
             k, d = moved
@@ -359,14 +275,13 @@ class RegisteredTable:
                                     f"the weights were rebound; register the buffers again")
 
     def copy(self, buckets, mode: str) -> None:
-        """Copy these buckets' bytes into the weights (asynchronously on a GPU): as ``mode``
-        says where the commit step is the instructor edition's, else by the learner's
-        commit step (see the module docstring)."""
-        if not is_reference(CopyPlan.apply, COMMIT_STEP):  # looked up now: an edit or a replacement is seen
-            if is_written(CopyPlan.apply, COMMIT_STEP):
-                self.commit_step(buckets)
-                return
-            mode = "loop"  # the student edition's unwritten stub: the part is switched off
+        """Copy these buckets' bytes into the weights (asynchronously on a GPU), as ``mode``
+        says: "loop", "foreach", "graph" or "scatter" (``copy_mode``), or "commit_step":
+        chapter 04's commit step as it is now copies every piece (where it is a learner's;
+        the engine decides which, once: ``update/port.py``'s ``Parts``)."""
+        if mode == "commit_step":
+            self.commit_step(buckets)
+            return
         if mode == "scatter":
             buckets = self._scatter(buckets)  # left: buckets with unaligned or converted pieces
         for k in buckets:

@@ -22,7 +22,8 @@ reference (``exercises.is_reference``); the fused kernels run where they agree w
 Unquantized tensors (norms, embedding) are written as the general path writes them,
 NaN included: only ``check_finite`` refuses those.
 
-When it runs, and otherwise the general path runs (``apply`` returns False):
+When it runs, and otherwise the general path runs (the engine asks ``model_reason``
+once and ``update_reason`` per update, before choosing its writer; ``apply`` asks both):
 - a quantized model on one rank (a tensor-parallel rank's loaders cut each tensor),
   ``COURSE_LIB_DIRECT_QUANT`` not "0" (to compare the two paths);
 - every part whose work it does its own way is the instructor edition's
@@ -117,9 +118,17 @@ def plan(model: nn.Module) -> Plan:
 
 
 def why_not(model: nn.Module) -> str | None:
-    """None when the direct path may take this model's updates; else why it may not."""
+    """None when the direct path may take this model's updates; else why it may not
+    (the maintainers' switch first, then ``model_reason``)."""
     if not settings.direct_quant():
         return "COURSE_LIB_DIRECT_QUANT=0"
+    return model_reason(model)
+
+
+def model_reason(model: nn.Module) -> str | None:
+    """Why this model's updates may never take the direct path, or None: not quantized (or
+    not a kind this path writes), a tensor-parallel rank, or a part it stands in for that
+    is not the instructor edition's. An engine asks once (``update/port.py``'s ``Parts``)."""
     kind = getattr(model, "quantization", None)
     if kind is None:
         return "the model is not quantized"
@@ -144,48 +153,68 @@ def why_not(model: nn.Module) -> str | None:
     return None
 
 
-def apply(model: nn.Module, named_tensors, device, allow_pending: bool = False) -> bool:
-    """Write validated (checkpoint name, tensor) pairs into ``model``, quantized tensors
-    straight into their rows of ``qweight`` / ``weight_scale``; True when done, False when
-    this update is the general path's (nothing written then).
+def update_reason(model: nn.Module, names, chunk: bool) -> str | None:
+    """Why this update (checkpoint ``names``) goes to the general path although the model
+    may take the direct one, or None: an earlier chunk left layers waiting for shards, a
+    fused layer's other shards come in a later chunk (``chunk``), or (FP8) a shard does
+    not own its 128x128 tiles. Asked with names only, before anything is received."""
+    found = plan(model)
+    if any(m.staging is not None for m in found.layers.values()):
+        return "an earlier chunk left layers waiting for shards: they finish on the general path"
+    arrived: dict[str, set] = {}
+    for name in names:
+        s = found.shards.get(name)
+        if s is not None:
+            arrived.setdefault(s.layer, set()).add(s.shard_id)
+    if chunk and any(set(found.layers[layer].shard_ids) - ids for layer, ids in arrived.items()):
+        return "a fused layer's other shards come in a later chunk: the general path stages this one"
+    if model.quantization == "fp8" and not all(found.shards[n].own_tiles for n in names if n in found.shards):
+        return "a 128x128 tile would mix two shards' rows: requantized whole on the general path"
+    return None
+
+
+def write(model: nn.Module, named_tensors, device, commit=copy_in_place) -> None:
+    """Write validated (checkpoint name, tensor) pairs into ``model`` (which ``why_not``
+    and ``update_reason`` cleared), quantized tensors straight into their rows of
+    ``qweight`` / ``weight_scale``, the rest through ``commit`` (the commit step).
 
     The pairs were validated by the caller (names, shapes, dtypes: ``validate_tensors``);
     what this path assumes is checked again here. Raises ``UpdateError`` before any write:
-    a fused layer missing a shard (unless ``allow_pending``: then False), a shape other
-    than the shard's rows, or NaN or inf in a quantized tensor (naming its layer). Tensors
-    may be on another device or in another float dtype: like the staging copy, each is
-    converted to the layer's checkpoint dtype on the layer's device first.
+    a fused layer missing a shard, a shape other than the shard's rows, or NaN or inf in a
+    quantized tensor (naming its layer). Tensors may be on another device or in another
+    float dtype: like the staging copy, each is converted to the layer's checkpoint dtype
+    on the layer's device first.
     """
-    if why_not(model) is not None:
-        return False
     found = plan(model)
     pairs = list(named_tensors)
     mine = [(found.shards[n], t) for n, t in pairs if n in found.shards]
     rest = [(n, t) for n, t in pairs if n not in found.shards]
-    if any(m.staging is not None for m in found.layers.values()):
-        return False  # an earlier chunk left layers waiting for shards: they finish on the general path
     arrived: dict[str, set] = {}
     for s, _ in mine:
         arrived.setdefault(s.layer, set()).add(s.shard_id)
     for layer, ids in arrived.items():
         missing = [sid for sid in found.layers[layer].shard_ids if sid not in ids]
-        if missing and allow_pending:
-            return False  # the rest comes in a later chunk: the general path stages this one
         if missing:
             raise UpdateError(f"{layer}: received shards {sorted(map(str, ids))} but not "
                               f"{[str(sid) for sid in missing]}; a quantized fused layer is requantized "
                               f"whole, so an update must send all of its shards")
-    kind = model.quantization
-    if kind == "fp8" and not all(s.own_tiles for s, _ in mine):
-        return False  # a 128x128 tile would mix two shards' rows: requantized whole on the general path
     for s, t in mine:
         if tuple(t.shape) != (s.rows, s.module.in_features) or not t.is_floating_point():
             raise UpdateError(f"{s.name}: a {t.dtype} tensor of shape {tuple(t.shape)}, expected a "
                               f"floating-point one of shape {(s.rows, s.module.in_features)}")
     if mine:
-        _write(kind, [(s, _prepared(s, t)) for s, t in mine])
+        _write(model.quantization, [(s, _prepared(s, t)) for s, t in mine])
     if rest:
-        copy_in_place(model, rest, device)  # after the check: a refused update writes nothing
+        commit(model, rest, device)  # after the check: a refused update writes nothing
+
+
+def apply(model: nn.Module, named_tensors, device, allow_pending: bool = False) -> bool:
+    """Both questions and the write in one call, for code outside an engine: True when
+    written, False when this update is the general path's (nothing written then)."""
+    pairs = list(named_tensors)
+    if why_not(model) is not None or update_reason(model, [n for n, _ in pairs], allow_pending) is not None:
+        return False
+    write(model, pairs, device)
     return True
 
 

@@ -13,7 +13,7 @@ on GPU the allocator's peak above the starting point is reported too.
 The price of streaming: a fault discovered after some layers were applied (a file that
 changed since it was validated, a layer with NaNs) must be undone. The disk update uses
 ``GuardedLayerwiseReload`` (rollback.py), which saves each layer to host memory before
-writing it and restores the written layers on a fault (see engine/transaction.py).
+writing it and restores the written layers on a fault (see ``update/writers.py``).
 """
 from __future__ import annotations
 
@@ -40,8 +40,11 @@ def layer_key(name: str) -> str:
 class LayerwiseReload:
     """Buffers (name, tensor) pairs per layer and applies each layer once it is complete."""
 
-    def __init__(self, model, expected_names, device, check_finite: bool = True):
+    def __init__(self, model, expected_names, device, check_finite: bool = True, commit=None):
         self.model, self.device, self.check_finite = model, torch.device(device), check_finite
+        # The commit step each complete layer goes through: the engine's (read once, when
+        # it was built), or, when none is given, this module's ``copy_in_place`` at each layer.
+        self.commit = commit
         self.remaining: dict[str, set[str]] = {}
         for name in expected_names:
             self.remaining.setdefault(layer_key(name), set()).add(name)
@@ -112,7 +115,7 @@ class LayerwiseReload:
         if self.check_finite:
             check_finite(tensors)
         t0 = self._mark()
-        copy_in_place(self.model, tensors, self.device)
+        (self.commit or copy_in_place)(self.model, tensors, self.device)
         self._hold(0)  # staging weights of quantized layers exist now
         t1 = self._mark()
         if self._quantized:

@@ -170,8 +170,8 @@ class GuardedLayerwiseReload(LayerwiseReload):
     (``rollback=None``: save nothing, e.g. when a full snapshot was taken already). On a
     GPU every layer's save is queued at once, in the order the layers are expected."""
 
-    def __init__(self, model, expected_names, device, rollback: RollbackPoint | None):
-        super().__init__(model, expected_names, device)
+    def __init__(self, model, expected_names, device, rollback: RollbackPoint | None, commit=None):
+        super().__init__(model, expected_names, device, commit=commit)
         self.rollback = rollback
         self.peak_rollback_bytes = 0
         if rollback is not None:

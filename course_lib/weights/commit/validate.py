@@ -1,17 +1,13 @@
-"""The steps of an update that need no engine: validation, staging, the in-place copy, timing.
+"""Validation: what an update must pass before the first byte of the live weights changes.
 
 Contract: nothing in the live model changes until the whole update has been validated
-(structural config, every tensor name, shape and dtype) and staged. The commit step,
-``copy_in_place``, then copies into the existing parameters: through the model's copy
-plan (``copy_plan.py``: each checkpoint name's destination view, worked out once) when
-the model is unquantized on one rank, else through its own ``load_weights`` (name
-mapping, q/k/v and gate/up fusion, tensor-parallel slicing, staging for
-requantization). Either way no tensor a kernel or a captured CUDA graph reads ever
-moves. The engine's transaction around these steps is ``engine/transaction.py``.
+(structural config, every tensor name, shape and dtype; values where asked) and, where
+it cannot be streamed, staged. ``UpdateError`` is the refusal every update path raises,
+naming what was wrong. The commit step that writes afterwards is ``copy_plan.py``'s; the
+transaction around both is ``update/updater.py``.
 """
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
 import torch
@@ -126,21 +122,3 @@ def open_and_validate(model_config: ModelConfig, model_path, partial: bool = Fal
         if dtype != reader.config.dtype:
             raise UpdateError(f"{name}: dtype {dtype}, but config.json declares {reader.config.torch_dtype}")
     return reader, nbytes
-
-
-class PhaseTimer:
-    """Collects the milliseconds of each named phase of an update."""
-
-    def __init__(self):
-        self.ms: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, phase: str | None) -> None:
-        """Charge the time since the last lap to ``phase`` (None: charge it nowhere)."""
-        now = time.perf_counter()
-        if phase is not None:
-            self.ms[phase] = self.ms.get(phase, 0.0) + 1e3 * (now - self._t)
-        self._t = now
-
-    def ms_since_lap(self) -> float:
-        return 1e3 * (time.perf_counter() - self._t)

@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 
 ALIGN = 16  # bytes; keeps every dtype view aligned
+VALIDATE_STEP = "ch05.validate_bucket"  # the exercise ``validate`` holds
 
 
 def align_up(n: int, to: int = ALIGN) -> int:

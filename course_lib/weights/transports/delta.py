@@ -213,14 +213,15 @@ def check_base(base_dir, delta_path, base_version: str | None = None) -> dict:
     return index
 
 
-def apply_delta(base_dir, delta_path, out_dir, base_version: str | None = None) -> dict:
+def apply_delta(base_dir, delta_path, out_dir, base_version: str | None = None, checked: dict | None = None) -> dict:
     """Rebuild the new checkpoint from ``base_dir`` and the delta into ``out_dir`` (which
-    must not exist yet). The base is checked first and the result last; on any refusal
+    must not exist yet). The base is checked first (unless ``checked``: the index
+    ``check_base`` returned for it just before) and the result last; on any refusal
     ``out_dir`` is not created. Returns the delta's index (identities and versions)."""
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise DeltaError(f"{out_dir} already exists; apply a delta into a new directory")
-    index = check_base(base_dir, delta_path, base_version)
+    index = checked or check_base(base_dir, delta_path, base_version)
     base = _SafetensorsDir(base_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))

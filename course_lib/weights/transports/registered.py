@@ -21,10 +21,49 @@ from typing import Iterator
 import torch
 
 from course_lib.config import is_cuda
+from course_lib.dtypes import dtype_name
 from course_lib.weights.transports import safe_pickle
-from course_lib.weights.commit.copy_table import stream_layout
+from course_lib.weights.transports.bucket import ALIGN, align_up
 
 DEFAULT_BUCKET_BYTES = 512 << 20
+
+
+class RegistrationError(ValueError):
+    """A registration or a registered update refused; the message names what was wrong."""
+
+
+def stream_layout(metas, bucket_bytes: int, num_buffers: int | None = 2) -> dict:
+    """The registration layout of ``metas`` ([(name, dtype, shape)] in send order): each
+    tensor's bytes start 16-byte aligned in one stream, cut into buckets of ``bucket_bytes``.
+
+    ``num_buffers``: bucket ``k`` lives at the start of buffer ``k % num_buffers`` (a
+    trainer packing into a few reused buffers), or, with None, every bucket is a range of
+    one buffer holding the whole stream (a trainer whose weights live in that buffer: no
+    packing at all). Returns {"buffer_bytes": [...], "buckets": [...], "tensors": [...]}."""
+    if bucket_bytes <= 0 or bucket_bytes % ALIGN:
+        raise RegistrationError(f"bucket_bytes must be a positive multiple of {ALIGN}, got {bucket_bytes}")
+    tensors, pos = [], 0
+    for name, dtype, shape in metas:
+        pos = align_up(pos)
+        n, pieces = (torch.Size(shape).numel() * dtype.itemsize), []
+        start, end = pos, pos + (torch.Size(shape).numel() * dtype.itemsize)
+        while start < end:
+            k, off = divmod(start, bucket_bytes)
+            take = min(end - start, bucket_bytes - off)
+            pieces.append([k, off, take])
+            start += take
+        tensors.append([name, dtype_name(dtype), [int(s) for s in shape], pieces])
+        pos += n
+    num_buckets = -(-pos // bucket_bytes)
+    sizes = [min(bucket_bytes, pos - k * bucket_bytes) for k in range(num_buckets)]
+    if num_buffers is None:
+        return {"buffer_bytes": [pos], "tensors": tensors,
+                "buckets": [[0, k * bucket_bytes, sizes[k]] for k in range(num_buckets)]}
+    if num_buffers < 1:
+        raise RegistrationError(f"num_buffers must be at least 1 (or None), got {num_buffers}")
+    used = min(num_buffers, num_buckets)
+    return {"buffer_bytes": [max(sizes[k::num_buffers]) for k in range(used)], "tensors": tensors,
+            "buckets": [[k % num_buffers, 0, sizes[k]] for k in range(num_buckets)]}
 
 
 class RegisteredSender:

@@ -111,26 +111,6 @@ def send(engine, master_address: str, master_port: int, group_name: str = DEFAUL
         sender.close()
 
 
-# ---- a source in its own process ------------------------------------------------------------
-
-def serve_checkpoint(checkpoint_path, master_port: int, results=None, group_name: str = DEFAULT_GROUP,
-                     bucket_bytes: int = dist_transport.DEFAULT_BUCKET_BYTES, **engine_options) -> None:
-    """A source process: start an engine on ``checkpoint_path`` and seed one new engine.
-    Module-level so ``multiprocessing`` can spawn it; ``results`` gets the stats or the error."""
-    from course_lib import Engine
-
-    engine = Engine(checkpoint_path, **engine_options)
-    try:
-        stats = engine.send_weights_to_remote("127.0.0.1", master_port, group_name=group_name,
-                                              bucket_bytes=bucket_bytes)
-    except RemoteSeedError as exc:
-        if results is not None:
-            results.put({"error": str(exc)})
-        return
-    if results is not None:
-        results.put(stats)
-
-
 # ---- the target's side ----------------------------------------------------------------------
 
 def check_manifest(manifest: dict, model_config: ModelConfig) -> str | None:

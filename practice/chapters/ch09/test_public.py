@@ -2,7 +2,7 @@
 
 ch09.first_divergence: ``first_divergence`` in course_lib/production.py.
 ch09.compare_outputs: ``compare_outputs`` in course_lib/production.py.
-ch09.host_snapshot: ``take_snapshot`` in course_lib/engine/transaction.py.
+ch09.host_snapshot: ``take_snapshot`` in course_lib/update/updater.py.
 ch09.rollback: ``promote_or_rollback`` in course_lib/production.py.
 Each case reports what it expected in words.
 """

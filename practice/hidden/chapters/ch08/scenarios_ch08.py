@@ -110,7 +110,7 @@ def _instrument(engine, clocks, log):
     """Wrap the engine's pause, continue, update and flush on the instance (see above)."""
     signatures = {"pause_generation": inspect.signature(engine.pause.pause_generation),
                   "continue_generation": inspect.signature(engine.updater.continue_generation),
-                  "update_weights_from_tensor": inspect.signature(engine.updater.update_weights_from_tensor),
+                  "update_weights_from_tensor": inspect.signature(engine.update_weights_from_tensor),
                   "flush_cache": inspect.signature(engine.pause.flush_cache)}
     updates = [0]
 

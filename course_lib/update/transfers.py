@@ -18,12 +18,12 @@ import collections
 
 import torch
 
-from course_lib.engine.records import Registration
+from course_lib.update.records import Registration
 from course_lib.weights.commit import copy_table
-from course_lib.weights.transports import safe_pickle
 from course_lib.weights.commit.bucket_cache import BucketCache
-from course_lib.weights.transports import dist as dist_transport
 from course_lib.weights.commit.validate import UpdateError
+from course_lib.weights.transports import dist as dist_transport
+from course_lib.weights.transports import safe_pickle
 
 
 class Transfers:
