@@ -150,11 +150,14 @@ async def client_loop(http, client: int, mix, budget: Budget, records: list) -> 
 
 
 async def run_phase(url: str, clients: int, seconds: float, max_requests: int, seed: int,
-                    prompt_chars, output_tokens, tick=None) -> tuple[list[RequestRecord], float, float, float]:
+                    prompt_chars, output_tokens, tick=None, probe=None) -> tuple[list[RequestRecord], float, float, float]:
     """``clients`` clients for ``seconds`` (then their last requests finish); returns the
     records, the phase's start, its deadline (no request sent after it) and its end. ``tick(records)`` is called about twice a
-    second while it runs (progress, the trainer's messages)."""
+    second while it runs (progress, the trainer's messages). ``probe`` (``load_trace.ClientProbe``)
+    watches this process's collections and event loop while the phase runs."""
     records: list[RequestRecord] = []
+    if probe is not None:
+        probe.start(asyncio.get_running_loop())
     start = time.monotonic()
     budget = Budget(start + seconds, max_requests)
     # An idle pooled connection is dropped here after 2 s, before the server's keep-alive
@@ -180,4 +183,6 @@ async def run_phase(url: str, clients: int, seconds: float, max_requests: int, s
         end = time.monotonic()
     finally:
         gc.unfreeze()  # the phase is over: this process's objects are the collector's again
+        if probe is not None:
+            probe.stop()
     return records, start, budget.deadline, end

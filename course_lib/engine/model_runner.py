@@ -166,6 +166,14 @@ class ModelRunner:
             return self._replay(len(seqs), input_ids, positions, meta)
         return self.model.compute_logits(self.model(input_ids, positions, meta))[: len(seqs)]
 
+    def replays_graph(self, is_prefill: bool, num_tokens: int, num_seqs: int) -> bool:
+        """Whether ``forward_logits`` replays a captured graph for a batch of ``num_seqs``
+        sequences with ``num_tokens`` new tokens (else it runs eagerly): for traces."""
+        if is_prefill:
+            shape = self.prefill_shape(num_tokens, num_seqs)
+            return shape is not None and shape[0] in self.prefill_graphs
+        return num_seqs in self.graph_for
+
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         return sample_batch(self.forward_logits(seqs, is_prefill), seqs)
 
