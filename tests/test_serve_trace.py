@@ -108,3 +108,25 @@ def test_a_first_token_splits_at_its_prefill_step():
     ex = lt.explain([rec, other], [1.2, 1.5], trace(steps), None)
     assert ex["first_tokens_traced"] == 2 and ex["slowest_first_tokens"][0]["rid"] == "r1"
     assert ex["steps_by_kind"]["prefill graph"]["steps"] == 2 and ex["steps_by_kind"]["decode graph"]["steps"] == 1
+
+
+def test_the_clients_work_per_request_does_not_grow_with_their_number(make_ckpt, monkeypatch):
+    """Each load client has a connection of its own. One pool shared by 64 clients walked
+    every connection whenever a request started or ended, and the load generator's own
+    delays became the time to first token it reported (see ``load_clients.connection``)."""
+    import asyncio
+
+    import httpcore
+
+    from course_lib.bench.load_clients import run_phase
+
+    checks = []
+    is_idle = httpcore.AsyncHTTPConnection.is_idle
+    monkeypatch.setattr(httpcore.AsyncHTTPConnection, "is_idle", lambda self: checks.append(1) or is_idle(self))
+    with BackgroundServer(Engine(make_ckpt("tiny", seed=92))) as srv:
+        records, *_ = asyncio.run(run_phase(srv.url, 16, 1.0, 10_000, 0, (8, 40), (2, 6)))
+    done = [r for r in records if r.outcome == "completed"]
+    assert len(done) >= 16, [r.error for r in records][:3]
+    # A pool's bookkeeping looks at each of its connections once or twice per request; with
+    # one pool for all 16 clients it looked at 16 connections a few times per request.
+    assert len(checks) / len(records) <= 8, f"{len(checks) / len(records):.1f} connection checks per request"
