@@ -1,8 +1,9 @@
 """The model runner's int64 inputs start at 16-byte boundaries whatever the batch, so a
 Triton kernel meets one alignment of its pointer arguments and is compiled once, at
-start-up: on the H200 an eager prefill whose token count was odd moved every input after
-the token ids by 8 bytes, and the new specialization was compiled mid-serving (every
-stream waited 0.7 s). On a GPU, no prefill of any shape compiles anything after start-up."""
+start-up. Packed back to back, an eager prefill whose token count was odd moved every
+input after the token ids by 8 bytes, a specialization the captured graphs never met,
+compiled mid-serving with every stream waiting. On a GPU, no prefill of any shape compiles
+anything after start-up."""
 import random
 
 import pytest

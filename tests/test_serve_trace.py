@@ -90,6 +90,14 @@ def test_a_gap_is_charged_to_what_covered_it():
     assert g["engine_busy_s"] == pytest.approx(0.37)
 
 
+def test_a_gap_filled_by_commands_is_charged_to_them():
+    after = step(0.55, 0.56)
+    after.update(commands=2, commands_s=0.5, commands_t0=0.05, slowest_command="update_weights", slowest_command_s=0.49)
+    g = lt.explain_gap(0.04, 0.56, trace([step(0.03, 0.04), after]), None)
+    assert g["largest"]["what"] == "2 commands on the engine thread (the slowest: update_weights)"
+    assert g["largest"]["seconds"] == pytest.approx(0.5) and g["engine_busy_s"] == pytest.approx(0.51)
+
+
 def test_longest_gaps_are_sorted_longest_first():
     assert lt.longest_gaps([0.0, 0.1, 0.5, 0.6, 1.6], top=2) == [(0.6, 1.6), (0.1, 0.5)]
 

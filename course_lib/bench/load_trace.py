@@ -88,6 +88,14 @@ def explain_gap(a: float, b: float, server: dict, client: dict | None) -> dict:
         if late:
             worst = max(late, key=lambda r: overlap(r, a, b))
             candidates.append((overlap(worst, a, b), f"{who}' event loop late by {worst['t1'] - worst['t0']:.3f} s"))
+    commands = [{**r, "t0": r["commands_t0"], "t1": r["commands_t0"] + r["commands_s"]}
+                for r in server["steps"] if r.get("commands_t0") is not None]
+    busy += sum(overlap(r, a, b) for r in commands)  # commands run between steps, never during one
+    slowest = max(commands, key=lambda r: overlap(r, a, b), default=None)
+    if slowest is not None and overlap(slowest, a, b) > 0:
+        name = slowest.get("slowest_command", "short ones")
+        candidates.append((overlap(slowest, a, b), f"{slowest['commands']} commands on the engine thread "
+                                                   f"(the slowest: {name})"))
     longest = max(steps, key=lambda r: overlap(r, a, b), default=None)
     if longest is not None:
         # A compile or a collection inside the step is named above on its own: the step is

@@ -5,8 +5,9 @@ it made do not reach the client. ``StepTrace.attach(worker)`` records, on the cl
 load clients use (``time.monotonic``, one clock for every process of the machine):
 
 - every pass of the engine thread: the step (prefill or decode, sequences, new tokens,
-  CUDA graph or eager, the prefill's request ids), the commands that ran before it and
-  the hand-over of new tokens to the event loop after it, each timed;
+  CUDA graph or eager, the prefill's request ids), the commands that ran before it (how
+  many, from when, how long in all, the slowest) and the hand-over of new tokens to the
+  event loop after it, each timed;
 - every Python garbage collection (``GcLog``: generation, objects freed, which thread);
 - every Triton compile (``CompileLog``: which kernel, how long, which pointer arguments
   were not 16-byte aligned: Triton compiles a kernel again for each new alignment);
@@ -159,7 +160,8 @@ class StepTrace:
     def __init__(self, maxlen: int = MAX_RECORDS):
         self.steps: collections.deque = collections.deque(maxlen=maxlen)
         self.gc, self.compiles, self.loop = GcLog(maxlen), CompileLog(maxlen), LoopProbe(maxlen)
-        self._commands = [0, 0.0, None, 0.0]  # since the last step: count, seconds, the slowest's name and seconds
+        # Since the last step: count, seconds, the slowest's name and seconds, the first's start.
+        self._commands = [0, 0.0, None, 0.0, 0.0]
         self._worker = None
 
     def attach(self, worker) -> "StepTrace":
@@ -181,6 +183,8 @@ class StepTrace:
                 run(fn, future)
             finally:
                 took, c = time.monotonic() - t0, self._commands
+                if c[0] == 0:
+                    c[4] = t0
                 c[0], c[1] = c[0] + 1, c[1] + took
                 if took > c[3]:
                     c[2], c[3] = getattr(fn, "__qualname__", type(fn).__name__), took
@@ -218,10 +222,12 @@ class StepTrace:
         self.loop.stop()
 
     def _record_step(self, e, t0: float, t1: float, total: int, prefilled: int, waiting: int, running: int) -> None:
-        cmds, cmd_s, slowest, slowest_s = self._commands
-        self._commands = [0, 0.0, None, 0.0]
+        cmds, cmd_s, slowest, slowest_s, cmd_t0 = self._commands
+        self._commands = [0, 0.0, None, 0.0, 0.0]
         rec = {"t0": t0, "t1": t1, "kind": "none", "waiting": waiting, "running": running,
                "commands": cmds, "commands_s": cmd_s}
+        if cmds:
+            rec["commands_t0"] = cmd_t0  # they ran one after another from here, before the step
         if slowest_s >= 0.001:
             rec["slowest_command"], rec["slowest_command_s"] = slowest, slowest_s
         if e.step_log.total != total:
