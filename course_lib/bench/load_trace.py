@@ -104,7 +104,8 @@ def explain_gap(a: float, b: float, server: dict, client: dict | None) -> dict:
         inside = sum(overlap(r, lo, hi) for r in server["compiles"] + server["gc"])
         candidates.append((overlap(longest, a, b) - inside,
                            describe_step(longest) + f" took {longest['t1'] - longest['t0']:.3f} s"))
-    candidates.append(((b - a) - busy, "the engine thread between passes (waiting for work, or for the GIL)"))
+    candidates.append(((b - a) - busy, "no engine pass (the engine thread waited: for work that had not reached "
+                                       "it, or for the GIL)"))
     seconds, what = max(candidates)
     return {"start": a, "end": b, "seconds": b - a, "engine_passes": len(steps), "engine_busy_s": busy,
             "longest_step": brief_step(longest), "largest": {"what": what, "seconds": seconds},

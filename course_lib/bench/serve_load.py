@@ -89,7 +89,7 @@ def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess 
              probe: ClientProbe | None = None):
     """One phase with a progress bar; (records, start, deadline, end). Both measured phases
     send the same seeded requests in the same order (``seed``: another sequence)."""
-    bar = tqdm(total=round(seconds), desc=name, unit="s", leave=False)
+    bar = tqdm(total=round(seconds), desc=name, unit="s", leave=False, disable=None)  # none in a log: no terminal
     t0 = time.monotonic()
 
     def tick(records):
