@@ -65,7 +65,7 @@ def test_no_prefill_compiles_a_kernel_after_start_up(make_ckpt):
     log = CompileLog()
     assert log.available, "this Triton has no compile hooks (3.4 or newer has)"
     rng, params = random.Random(2), {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}
-    batches = [[7], [8], [3, 4], [5, 6, 6], [601], [600], [300, 301], [300, 300, 1],
+    batches = [[7], [8], [3, 4], [5, 6, 6], [601], [600], [300, 301], [300, 302], [300, 300, 1],
                [rng.randint(10, 60) for _ in range(33)], [rng.randint(10, 60) for _ in range(34)],
                [rng.randint(100, 200) for _ in range(9)], [rng.randint(100, 200) for _ in range(10)]]
     log.install()
