@@ -171,7 +171,8 @@ def connection(url: str) -> httpx.AsyncClient:
 
 
 async def run_phase(url: str, clients: int, seconds: float, max_requests: int, seed: int,
-                    prompt_chars, output_tokens, tick=None, probe=None) -> tuple[list[RequestRecord], float, float, float]:
+                    prompt_chars, output_tokens, tick=None,
+                    probe=None) -> tuple[list[RequestRecord], float, float, float]:
     """``clients`` clients for ``seconds`` (then their last requests finish); returns the
     records, the phase's start, its deadline (no request sent after it) and its end. ``tick(records)`` is called about twice a
     second while it runs (progress, the trainer's messages). ``probe`` (``load_trace.ClientProbe``)
