@@ -16,6 +16,8 @@
 #   bash scripts/gpu_check.sh kernels  the registered copy settings compared at ~1.7B and ~8B
 #   bash scripts/gpu_check.sh profile  torch.profiler tables: a first token and in-process updates at ~8B
 #   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s for 5 min at ~1.7B, 512 MB buckets (FastAPI wheels: scripts/server_wheels.sh)
+#   bash scripts/gpu_check.sh serve-baseline  the same 64 clients at ~1.7B with no updates, BASELINE_S (75) s, traced:
+#                                      each long gap and slow first token explained (about 3 minutes in all)
 #   bash scripts/gpu_check.sh serving  every CUDA test, ~8B decode (profiled), first token and
 #                                      hot update (hot-vs-cold), in-process updates
 #   bash scripts/gpu_check.sh mutate   judge.py mutate on every chapter (3 per region;
@@ -95,6 +97,15 @@ if [ "${1:-}" = "serve-load" ]; then
     # python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
     python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --update-every-s 2 \
         --duration-s "${DURATION_S:-300}" --bucket-mb "${BUCKET_MB:-512}" --json "$out/serve_load_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_load_qwen3-1.7b.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "serve-baseline" ]; then
+    # No trainer, no updates: what stops every stream, and what makes a first token slow, with
+    # the server's engine steps, collections, Triton compiles and event-loop lateness traced
+    # (and the clients' own pauses). Goals: no gap over 100 ms, time to first token p99 <= 200 ms.
+    python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --baseline-only --trace \
+        --baseline-s "${BASELINE_S:-75}" --warmup-s 3 --json "$out/serve_baseline_qwen3-1.7b.json" 2>&1 \
+        | grep -v "s/s]" | tee "$out/serve_baseline_qwen3-1.7b.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "serving" ]; then

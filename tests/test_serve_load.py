@@ -116,3 +116,20 @@ def test_a_few_seconds_of_load_through_updates_hold(capsys):
     assert res["stall_goal"]["all"]["updates"] == 3
     assert res["with_updates"]["completed"] > 0 and res["baseline"]["completed"] > 0
     assert res["throughput_ratio"] > 0
+
+
+def test_a_traced_baseline_explains_its_gaps_and_first_tokens(capsys):
+    """--baseline-only --trace: one phase, no trainer; every completed request's first token
+    split at its prefill step, the longest gaps each charged to something."""
+    res = serve_load.main(["--preset", "tiny", "--clients", "4", "--baseline-only", "--trace", "--baseline-s", "2",
+                           "--output-tokens", "8", "24", "--prompt-chars", "8", "60"])
+    out = capsys.readouterr().out
+    assert res["errors"] == 0 and res["hot_equals_cold"] is True
+    assert res["with_updates"] is None and res["updates"] == [] and res["baseline"]["completed"] > 0
+    ex = res["baseline"]["explained"]
+    assert ex["first_tokens_traced"] == res["baseline"]["completed"]
+    assert len(ex["gaps"]) == 5 and all(0 < g["largest"]["seconds"] <= g["seconds"] + 1e-9 for g in ex["gaps"])
+    assert ex["gaps"][0]["seconds"] == pytest.approx(res["baseline"]["merged_gap_max_s"])
+    steps = res["trace"]["baseline"]["server"]["steps"]
+    assert {"prefill", "decode"} <= {s["kind"] for s in steps}
+    assert "the longest gaps with no token for any client" in out and "time to first token p50 / p99" in out

@@ -2,7 +2,9 @@
 
 The server runs in a process of its own (the HTTP app and its engine thread, as
 ``python -m course_lib serve`` runs them), so the load clients never share its
-interpreter. It binds 127.0.0.1 on a free port and says which over a pipe.
+interpreter. It binds 127.0.0.1 on a free port and says which over a pipe. With a trace
+(``server/step_trace.py``) it then answers, over the same pipe, each request for what the
+trace holds of a window of time.
 
 The trainer (a stand-in, like ``weights/transports/trainer.py``'s) holds the weights of
 every checkpoint in memory, registers its buffers with the server once, then, on the
@@ -26,13 +28,16 @@ PAUSE_MODES = ("abort", "wait", "keep", "retract")
 CTX = mp.get_context("spawn")  # forked children hang on torch's thread pools
 
 
-def serve_child(path, device: str, engine_kwargs: dict, conn) -> None:
+def serve_child(path, device: str, engine_kwargs: dict, conn, trace: bool = False) -> None:
     """The server process: an engine on ``path``, the app with weight routes on, 127.0.0.1."""
+    import threading
+
     import uvicorn
 
     from course_lib import Engine
     from course_lib.server.app import create_app
     from course_lib.server.runner import bind
+    from course_lib.server.step_trace import StepTrace
     from course_lib.weights.transports.trainer import share_cores
 
     share_cores(device)  # on a CPU, the clients and the trainer need cores too (see share_cores)
@@ -41,17 +46,33 @@ def serve_child(path, device: str, engine_kwargs: dict, conn) -> None:
     sock = bind("127.0.0.1", 0)
     gc.freeze()  # as ``python -m course_lib serve`` does: the engine is never walked by the collector again
     conn.send(sock.getsockname()[1])
+    if trace:
+        tracer = StepTrace().attach(app.state.worker)
+        threading.Thread(target=answer_trace_requests, args=(conn, tracer), name="trace-pipe", daemon=True).start()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
 
 
-class ServerProcess:
-    """Start with ``start()`` (returns the URL once /health answers), end with ``stop()``."""
+def answer_trace_requests(conn, tracer) -> None:
+    """Serve the parent's (start, end) requests with ``tracer.snapshot(start, end)``."""
+    while True:
+        try:
+            start, end = conn.recv()
+            conn.send(tracer.snapshot(start, end))
+        except (EOFError, OSError):
+            return
 
-    def __init__(self, path, device: str, engine_kwargs: dict):
+
+class ServerProcess:
+    """Start with ``start()`` (returns the URL once /health answers), end with ``stop()``;
+    with ``trace``, ``trace(start, end)`` returns the server's trace of that window."""
+
+    def __init__(self, path, device: str, engine_kwargs: dict, trace: bool = False):
         self.parent, child = CTX.Pipe()
-        self.process = CTX.Process(target=serve_child, args=(str(path), device, engine_kwargs, child), daemon=True)
+        self.process = CTX.Process(target=serve_child, args=(str(path), device, engine_kwargs, child, trace),
+                                   daemon=True)
         self._child_end = child
+        self.traced = trace
 
     def start(self, timeout: float = 900.0) -> str:
         import httpx
@@ -69,6 +90,12 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"the server on {self.url} never became healthy")
+
+    def trace(self, start: float, end: float, timeout: float = 120.0) -> dict:
+        if not self.traced:
+            raise RuntimeError("this server was started without a trace")
+        self.parent.send((start, end))
+        return receive(self.parent, self.process, timeout, "the server's trace")
 
     def stop(self, timeout: float = 30.0) -> None:
         from course_lib.weights.transports.trainer import wait_for_exit

@@ -23,6 +23,12 @@ stale tokens are defined in ``load_metrics.py``. Ratios against the baseline of 
 run: throughput with updates / without, and each update's stall / its own time, with the
 p99 of that ratio (the serving goal: at most 2) and the medians of the stall's parts per
 transport (``stall_goal``).
+
+``--baseline-only``: the same server and load without the trainer, one phase (what a
+stream looks like with nothing in its way). ``--trace``: the server records what its
+engine thread did and what else stopped it (``server/step_trace.py``), the clients what
+stopped them, and each phase's longest gaps and slowest first tokens are explained from
+those records (``load_trace.py``); the JSON holds the explanations and the trace.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from course_lib.bench import run_header, save_json
 from course_lib.bench.load_clients import run_phase
 from course_lib.bench.load_metrics import arrivals, count_stale, latencies, percentile, stall_parts, throughput
 from course_lib.bench.load_processes import ServerProcess, TrainerProcess
+from course_lib.bench.load_trace import ClientProbe, explain, report_lines
 from course_lib.config import is_cuda
 from course_lib.weights.checkpoint import make_random
 
@@ -64,6 +71,9 @@ def parse(argv):
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--bucket-mb", type=float, default=64.0, help="the trainer's bucket size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline-only", action="store_true", help="no trainer, no updates: the baseline phase alone")
+    p.add_argument("--trace", action="store_true", help="trace the server and the clients; explain gaps and "
+                                                        "slow first tokens (see load_trace.py)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not 1 <= args.clients <= 64:
@@ -75,10 +85,11 @@ def parse(argv):
     return args
 
 
-def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess | None, seed: int | None = None):
+def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess | None, seed: int | None = None,
+             probe: ClientProbe | None = None):
     """One phase with a progress bar; (records, start, deadline, end). Both measured phases
     send the same seeded requests in the same order (``seed``: another sequence)."""
-    bar = tqdm(total=round(seconds), desc=name, unit="s", leave=False)
+    bar = tqdm(total=round(seconds), desc=name, unit="s", leave=False, disable=None)  # none in a log: no terminal
     t0 = time.monotonic()
 
     def tick(records):
@@ -93,7 +104,7 @@ def run_load(name: str, url: str, args, seconds: float, trainer: TrainerProcess 
     try:
         return asyncio.run(run_phase(url, args.clients, seconds, args.max_requests,
                                      args.seed if seed is None else seed, args.prompt_chars,
-                                     args.output_tokens, tick))
+                                     args.output_tokens, tick, probe))
     finally:
         bar.close()
 
@@ -192,53 +203,78 @@ def main(argv=None) -> dict:
                      prompt_chars=list(args.prompt_chars), output_tokens=list(args.output_tokens), seed=args.seed)
     engine_kwargs = {"max_num_seqs": args.clients, "max_model_len": args.max_model_len}
     draw = args.device if is_cuda(args.device) else "cpu"
+    traces = {}
     with tempfile.TemporaryDirectory() as tmp:
         ckpts = [make_random(f"{tmp}/ckpt{i}", args.preset, seed=args.seed * 10 + 1 + i, device=draw)
-                 for i in range(3)]
-        server, trainer = ServerProcess(ckpts[0], args.device, engine_kwargs), None
+                 for i in range(1 if args.baseline_only else 3)]
+        server, trainer, loaded = ServerProcess(ckpts[0], args.device, engine_kwargs, trace=args.trace), None, None
         try:
             url = server.start()
+            serving_since = time.monotonic()
             served_outputs(url)  # warm up both paths before any clock
             if args.warmup_s > 0:  # the first requests of each shape pay for allocations, not serving
                 run_load("warm-up", url, args, args.warmup_s, None, seed=args.seed + 7919)  # not the measured prompts
-            trainer = TrainerProcess(url, ckpts, args.device, args.update_every_s, args.max_updates,
-                                     max(4096, int(args.bucket_mb * (1 << 20)) // 4096 * 4096))  # aligned
-            res["registered_buckets"] = trainer.start()["buckets"]
-            base = run_load("baseline, no updates", url, args, args.baseline_s, None)
-            loaded = run_load("with updates", url, args, args.duration_s, trainer)
-            trainer.finish()
+            if not args.baseline_only:
+                trainer = TrainerProcess(url, ckpts, args.device, args.update_every_s, args.max_updates,
+                                         max(4096, int(args.bucket_mb * (1 << 20)) // 4096 * 4096))  # aligned
+                res["registered_buckets"] = trainer.start()["buckets"]
+            base = traced_load("baseline, no updates", url, args, args.baseline_s, None, server, traces, "baseline")
+            if trainer is not None:
+                loaded = traced_load("with updates", url, args, args.duration_s, trainer, server, traces,
+                                     "with_updates")
+                trainer.finish()
             hot = served_outputs(url)
+            if args.trace:  # the warm-up's too: a compile there is one a client would wait for
+                res["compiles_while_serving"] = server.trace(serving_since, time.monotonic())["compiles"]
         finally:
             if trainer is not None and trainer.process.exitcode is None:
                 trainer.process.kill()
             server.stop()
-        applied = [u for u in trainer.updates if u["error"] is None]
+        applied = [u for u in trainer.updates if u["error"] is None] if trainer else []
         last = applied[-1] if applied else None
         cold = cold_outputs(ckpts[last["checkpoint"] if last else 0], args.device, engine_kwargs)
     summarize(res, base, loaded, trainer, hot, cold, last)
+    for name, (server_trace, client_trace) in traces.items():
+        phase = base if name == "baseline" else loaded
+        res[name]["explained"] = explain(phase[0], arrivals(phase[0]), server_trace, client_trace)
+        res.setdefault("trace", {})[name] = {"server": server_trace, "clients": client_trace}
     report(res)
     save_json(res, args.json)
     return res
 
 
-def summarize(res: dict, base, loaded, trainer: TrainerProcess, hot: dict, cold: list, last: dict | None) -> None:
+def traced_load(name: str, url: str, args, seconds: float, trainer, server: ServerProcess, traces: dict, key: str):
+    """``run_load``; with ``--trace``, the server's and the clients' traces of the phase go
+    into ``traces[key]``."""
+    probe = ClientProbe() if args.trace else None
+    phase = run_load(name, url, args, seconds, trainer, probe=probe)
+    if args.trace:
+        _, start, _, end = phase
+        traces[key] = (server.trace(start, end), probe.snapshot(start, end))
+    return phase
+
+
+def summarize(res: dict, base, loaded, trainer: TrainerProcess | None, hot: dict, cold: list,
+              last: dict | None) -> None:
+    """The results; without a trainer (``--baseline-only``) the baseline alone, no updates."""
     res["baseline"] = phase_summary(*base)
-    res["with_updates"] = phase_summary(*loaded)
-    times = arrivals(loaded[0])
-    ends = [None] + [u["t_done"] or u["t_pause_sent"] for u in trainer.updates]  # a failed one: its start
-    res["updates"] = [update_summary(u, times, since) for u, since in zip(trainer.updates, ends)]
+    updates = trainer.updates if trainer else []
+    res["with_updates"] = phase_summary(*loaded) if loaded else None
+    times = arrivals(loaded[0]) if loaded else []
+    ends = [None] + [u["t_done"] or u["t_pause_sent"] for u in updates]  # a failed one: its start
+    res["updates"] = [update_summary(u, times, since) for u, since in zip(updates, ends)]
     res["stall_goal"] = stall_goal(res["updates"])
-    res["trainer_failure"] = trainer.failure
-    stale = count_stale(base[0] + loaded[0], trainer.updates, INITIAL_VERSION)
+    res["trainer_failure"] = trainer.failure if trainer else None
+    stale = count_stale(base[0] + (loaded[0] if loaded else []), updates, INITIAL_VERSION)
     res["stale_tokens"], res["tokens_checked"] = stale["stale"], stale["checked"]
     res["unknown_versions"], res["stale_examples"] = stale["unknown"], stale["examples"]
-    res["errors"] = (res["baseline"]["errors"] + res["with_updates"]["errors"] + stale["unknown"]
-                     + sum(u["error"] is not None for u in trainer.updates) + (trainer.failure is not None))
+    res["errors"] = (res["baseline"]["errors"] + (res["with_updates"] or {}).get("errors", 0) + stale["unknown"]
+                     + sum(u["error"] is not None for u in updates) + (res["trainer_failure"] is not None))
     res["served_version"] = hot["version"]
     res["hot_equals_cold"] = (hot["whole"] == cold and hot["streamed"] == cold
                               and hot["version"] == (last["version"] if last else INITIAL_VERSION))
     base_tps = res["baseline"]["tokens_per_s"]
-    res["throughput_ratio"] = res["with_updates"]["tokens_per_s"] / base_tps if base_tps else None
+    res["throughput_ratio"] = res["with_updates"]["tokens_per_s"] / base_tps if base_tps and loaded else None
 
 
 def ms(x) -> str:
@@ -251,12 +287,24 @@ def report(res: dict) -> None:
           f"{'ttft p50':>10}{'p99':>9}{'itl p50':>9}{'p99':>9}  (ms)")
     for name in ("baseline", "with_updates"):
         p = res[name]
+        if p is None:
+            continue
         print(f"{name:<14}{p['seconds']:6.1f}{p['completed']:7d}{p['aborted_by_pause']:8d}{p['errors']:7d}"
               f"{p['tokens_per_s']:10.1f}{ms(p['ttft_p50_s']):>10}{ms(p['ttft_p99_s']):>9}"
               f"{ms(p['itl_p50_s']):>9}{ms(p['itl_p99_s']):>9}")
     b = res["baseline"]
     print(f"baseline: longest gap between tokens, all clients merged: {ms(b['merged_gap_max_s']).strip()} ms "
           f"(p99 {ms(b['merged_gap_p99_s']).strip()} ms)")
+    for name in ("baseline", "with_updates"):
+        if res[name] is not None and "explained" in res[name]:
+            print("\n".join(report_lines(name, res[name]["explained"])))
+    if "compiles_while_serving" in res:
+        c = res["compiles_while_serving"]
+        print(f"Triton compiles from the first request to the last (warm-up included): {len(c)}"
+              + "".join(f"\n  {x['kernel']} {x['t1'] - x['t0']:.3f} s, unaligned pointers {x['unaligned']}" for x in c))
+    if res["with_updates"] is None:
+        print(f"errors {res['errors']}, hot == cold {res['hot_equals_cold']} (served version {res['served_version']})")
+        return
     print(f"{'update':>6} {'transport':<11}{'mode':<9}{'msgs':>5}{'own ms':>9}{'whole ms':>10}{'stall ms':>10}"
           f"{'stall/own':>10}{'aborted':>8}  error")
     for u in res["updates"]:

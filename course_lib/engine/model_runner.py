@@ -22,6 +22,34 @@ from course_lib.layers.sampler import sample_batch
 
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)  # a prefill's new tokens are padded to one of these
 PREFILL_GRAPH_SEQS = 32                              # ... and its sequences to this many (or max_num_seqs)
+INT64_PER_16_BYTES = 2
+
+
+def aligned_offsets(sizes) -> tuple[list[int], int]:
+    """Where each of several int64 inputs starts in one flat buffer, every one at a 16-byte
+    boundary, and the buffer's length. Triton compiles a kernel anew for each alignment of
+    its pointer arguments (a multiple of 16 bytes or not): inputs packed back to back start
+    at offsets that change with the batch (a prefill of an odd number of tokens moves every
+    input after its token ids by 8 bytes), and each new alignment met while serving is a
+    compile of the prefill kernels with every stream waiting (an eager prefill meets up to
+    three the captured graphs never did; the H200 baselines' one 0.7 s gap fits one)."""
+    offsets, n = [], 0
+    for size in sizes:
+        offsets.append(n)
+        n += size + (-size) % INT64_PER_16_BYTES
+    return offsets, n
+
+
+def pack_aligned(tensors) -> torch.Tensor:
+    """1-D int64 ``tensors`` in one tensor, laid out as ``aligned_offsets`` places them (one
+    copy then refills a captured graph's inputs). The padding repeats a neighbour's value:
+    nothing reads it."""
+    parts = []
+    for t in tensors:
+        parts.append(t)
+        if t.numel() % INT64_PER_16_BYTES:
+            parts.append(t[:1])
+    return torch.cat(parts)
 
 
 def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -67,14 +95,15 @@ class ModelRunner:
     # ---- batch preparation -------------------------------------------------------------
     def _int_tensors(self, *lists):
         """Several int64 lists as device tensors through one host-to-device copy (one
-        transfer per step instead of one per input: each costs a few microseconds)."""
-        flat = torch.tensor([v for values in lists for v in values], dtype=torch.int64)
-        flat = flat.to(self.device)
-        out, start = [], 0
+        transfer per step instead of one per input: each costs a few microseconds), each
+        starting at a 16-byte boundary (``aligned_offsets``)."""
+        offsets, _ = aligned_offsets([len(values) for values in lists])
+        packed = []
         for values in lists:
-            out.append(flat[start:start + len(values)])
-            start += len(values)
-        return out
+            packed += values
+            packed += [0] * (len(values) % INT64_PER_16_BYTES)
+        flat = torch.tensor(packed, dtype=torch.int64).to(self.device)
+        return [flat[o:o + len(values)] for o, values in zip(offsets, lists)]
 
     def _slot(self, seq: Sequence, pos: int) -> int:
         return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -166,6 +195,14 @@ class ModelRunner:
             return self._replay(len(seqs), input_ids, positions, meta)
         return self.model.compute_logits(self.model(input_ids, positions, meta))[: len(seqs)]
 
+    def replays_graph(self, is_prefill: bool, num_tokens: int, num_seqs: int) -> bool:
+        """Whether ``forward_logits`` replays a captured graph for a batch of ``num_seqs``
+        sequences with ``num_tokens`` new tokens (else it runs eagerly): for traces."""
+        if is_prefill:
+            shape = self.prefill_shape(num_tokens, num_seqs)
+            return shape is not None and shape[0] in self.prefill_graphs
+        return num_seqs in self.graph_for
+
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         return sample_batch(self.forward_logits(seqs, is_prefill), seqs)
 
@@ -243,8 +280,9 @@ class ModelRunner:
         sequences; its inputs live in one flat buffer (one copy refills them)."""
         rows, width = self.prefill_rows, self.max_blocks_per_seq
         sizes = [tokens, tokens, tokens, rows, rows * width, rows + 1, rows]
-        flat = torch.zeros(sum(sizes), dtype=torch.int64, device=self.device)
-        ids, pos, slots, ctx, table, starts, last = flat.split(sizes)
+        offsets, total = aligned_offsets(sizes)  # as an eager prefill's, so both run the same compiled kernels
+        flat = torch.zeros(total, dtype=torch.int64, device=self.device)
+        ids, pos, slots, ctx, table, starts, last = (flat[o:o + n] for o, n in zip(offsets, sizes))
         slots.fill_(self.scratch_block * self.block_size)
         table.fill_(self.scratch_block)
         meta = AttentionMetadata(True, slots, ctx, table.view(rows, width), [tokens], None, starts)
@@ -257,8 +295,8 @@ class ModelRunner:
 
     def _replay_prefill(self, input_ids, positions, meta, last) -> torch.Tensor:
         graph, flat, out = self.prefill_graphs[input_ids.shape[0]]
-        flat.copy_(torch.cat([input_ids, positions, meta.slot_mapping, meta.context_lens,
-                              meta.block_tables.reshape(-1), meta.query_starts, last]))
+        flat.copy_(pack_aligned([input_ids, positions, meta.slot_mapping, meta.context_lens,
+                                 meta.block_tables.reshape(-1), meta.query_starts, last]))
         graph.replay()
         return out
 
