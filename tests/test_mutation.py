@@ -233,3 +233,27 @@ def test_mutate_grades_a_small_regions_mutants_through_the_judge():
         assert m["first_failure"]["case"] and m["cases_run"] < m["cases"], m
     assert chapter["totals"]["killed_share"] == 1.0 and report["totals"]["killed"] == len(made_here)
     assert chapter["regions"][0]["reference_s"] > 0 and not chapter["regions"][0]["every_case_needs_a_gpu_here"]
+
+
+def test_a_mutants_run_reports_hypothesis_failures_without_shrinking_them(tmp_path):
+    """The plugin every mutant's run loads: the tests' own settings inherit its profile, so
+    a failing scenario stops the case as soon as it is found (and replayed), unshrunk."""
+    pytest.importorskip("hypothesis")
+    from judging import mutate
+    (tmp_path / f"{mutate._FAST_PLUGIN}.py").write_text(mutate._FAST_PLUGIN_TEXT)
+    (tmp_path / "test_sample.py").write_text(
+        "from hypothesis import given, settings, strategies as st\n"
+        "@settings(max_examples=200, derandomize=True, database=None, deadline=None)\n"
+        "@given(st.lists(st.integers()))\n"
+        "def test_short(xs):\n"
+        "    open('calls', 'a').write('x')\n"
+        "    assert len(xs) < 3\n")
+
+    def calls(*plugin):
+        (tmp_path / "calls").unlink(missing_ok=True)
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "test_sample.py"],
+                       cwd=tmp_path, capture_output=True, timeout=120)
+        return len((tmp_path / "calls").read_text())
+
+    shrunk, unshrunk = calls(), calls("-p", mutate._FAST_PLUGIN)
+    assert unshrunk < shrunk, (unshrunk, shrunk)

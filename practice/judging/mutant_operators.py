@@ -19,7 +19,7 @@ printed back (``get_code``) and the result compiled, never walked again.
 """
 from __future__ import annotations
 
-from parso.python.tree import Keyword, Name, Operator as OperatorLeaf, PythonNode
+from parso.python.tree import Keyword, Name, Operator as OperatorLeaf
 
 from cosmic_ray.operators.operator import Example, Operator
 

@@ -45,7 +45,6 @@ from judging.run import RunResult, _cases, _run_limited
 LIMIT_FACTOR = 4
 LIMIT_FLOOR_S = 30.0
 ENDED_EARLY = "did not finish: the test process ended early"
-VERDICTS = ("killed", "survived", "equivalent-listed", "not graded here", "invalid")
 # Loaded into every mutant's run (pytest -p): settings objects the tests make inherit this
 # profile, so a failing scenario is reported as found, without shrinking it.
 _FAST_PLUGIN = "judge_mutant_run"
@@ -156,12 +155,14 @@ def campaign(work, repo: Path, *, tool: str, per_region: int, seed: int, timeout
         out = chapters_out.setdefault(chapter.id, {"chapter": chapter.id, "title": chapter.title, "regions": [],
                                                    "mutants": [], "dropped": 0})
         info = region_info.get(exercise, {})
-        out["regions"].append({"exercise": exercise, "made": sum(m.valid for m in made), "drawn": len(drawn),
+        out["regions"].append({"exercise": exercise, "file": found[exercise].path.relative_to(repo).as_posix(),
+                               "made": sum(m.valid for m in made), "drawn": len(drawn),
                                "invalid": sum(not m.valid for m in made), "identical_dropped": dropped, **info})
         out["dropped"] += dropped
-        keys = {m.key for m in made}
+        keys = {m.key for m in made}  # the registry names cosmic-ray's mutants: another set may lack some
         out.setdefault("stale_equivalents", []).extend(
-            {"exercise": k[0], "before": k[1], "after": k[2]} for k in listed if k[0] == exercise and k not in keys)
+            {"exercise": k[0], "before": k[1], "after": k[2]} for k in listed
+            if k[0] == exercise and k not in keys and tool == "cosmic-ray")
         for m in [m for m in made if not m.valid] + drawn:
             record = m.to_json()
             if not m.valid:
