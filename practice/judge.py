@@ -170,34 +170,9 @@ def cmd_check(args) -> int:
 
 
 def cmd_mutate(args) -> int:
-    from judging.mutate import mutate
+    from judging.mutate import command
 
-    all_chapters = {ch.id: ch for ch in chapters.all_chapters()}
-    todo: dict[str, list[str]] = {}
-    for name in args.names:
-        chapter_id = name.split(".", 1)[0]
-        if chapter_id not in all_chapters or ("." in name and name not in {e.id for e in all_chapters[chapter_id].exercises}):
-            raise UsageError(f"no chapter or exercise named {name}")
-        ids = [name] if "." in name else [e.id for e in all_chapters[chapter_id].exercises]
-        todo.setdefault(chapter_id, []).extend(i for i in ids if i not in todo.get(chapter_id, []))
-    work = [(all_chapters[chapter_id], ids) for chapter_id, ids in todo.items()]
-    rows, records = mutate(work, REPO, args.per_region, args.seed, args.timeout, args.jobs)
-    killed = sum(r["outcome"] == "killed" for r in records)
-    survived = [r for r in records if r["outcome"] == "SURVIVED"]
-    here = sum(r["outcome"] == "not graded here" for r in records)
-    equivalent = sum(r["outcome"] == "equivalent" for r in records)
-    counted = len(records) - equivalent  # a mutant shown equivalent is no test's to kill
-    if args.json:
-        print(json.dumps({"killed": killed, "survived": len(survived), "not_graded_here": here,
-                          "equivalent": equivalent, "mutants": records}, indent=1))
-    else:
-        print(report.table(rows, ["exercise", "mutant", "got", "outcome"]))
-        share = f"{killed / counted:.1%}" if counted else "-"
-        print(f"\nmutate: {killed} of {counted} killed ({share}), {len(survived)} survived"
-              + (f", {here} not graded here (need a GPU)" if here else "")
-              + (f"; {equivalent} more survived and are listed as equivalent "
-                 f"(hidden/chapters/equivalent_mutants.json)" if equivalent else ""))
-    return 1 if survived else 3 if here else 0
+    return command(args, chapters.all_chapters(), REPO)
 
 
 def cmd_soak(args) -> int:
@@ -361,11 +336,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable records on stdout")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one seed's run may take (the hypothesis run: this times scenarios/40)")
-    p = sub.add_parser("mutate", help="maintainers: one-line mutants of a chapter's region references, graded; survivors listed")
+    p = sub.add_parser("mutate", help="maintainers: mutants of the region references (cosmic-ray's operators), "
+                                      "graded; survivors listed")
     p.add_argument("names", nargs="+", metavar="NAME", help="chapters (ch02) or exercises (ch02.wait_drain)")
-    p.add_argument("--per-region", type=int, default=3, help="mutants drawn per region (0: every one)")
+    p.add_argument("--tool", choices=["cosmic-ray", "oneline"], default="cosmic-ray",
+                   help="the operator set (oneline: the earlier one-line mutants)")
+    p.add_argument("--per-region", default="3", help="mutants drawn per region: a number, or all")
     p.add_argument("--seed", type=int, default=0, help="which mutants are drawn")
     p.add_argument("--jobs", type=int, default=1, help="mutants graded at once (each in its own process)")
+    p.add_argument("--list", action="store_true", help="list the mutants, grade none")
     p = sub.add_parser("grade", help="instructors: grade submissions/<learner>/ (course_lib/, <slug>.py) into a gradebook")
     p.add_argument("submissions")
     p.add_argument("--out", default=".", help="where gradebook.csv and gradebook.json go (default: here)")

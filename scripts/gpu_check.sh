@@ -20,8 +20,10 @@
 #                                      each long gap and slow first token explained (about 3 minutes in all)
 #   bash scripts/gpu_check.sh serving  every CUDA test, ~8B decode (profiled), first token and
 #                                      hot update (hot-vs-cold), in-process updates
-#   bash scripts/gpu_check.sh mutate   judge.py mutate on every chapter (3 per region;
-#                                      CHAPTERS="ch03 ch05" for some only)
+#   bash scripts/gpu_check.sh mutate   judge.py mutate: every mutant (cosmic-ray's operators and the judge's) of
+#                                      every region of one group of chapters per call, GROUP=1..6 (each estimated
+#                                      at 4 to 6 minutes, printed first), or CHAPTERS="ch03 ch05"; neither: every
+#                                      group, one after another (about 30 minutes); PER_REGION=n draws n per region
 #   bash scripts/gpu_check.sh buckets  the bucket fast path's CUDA tests and the bucket-vs-registered update bench
 #   bash scripts/gpu_check.sh speed    the speed tier (chapters 03-05) for the reference, and for a slow correct commit step
 #   bash scripts/gpu_check.sh judge    judge.py check on every chapter and problem (references pass, stubs and wrong
@@ -38,7 +40,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 status=0
-if [ -d .whl ] && ! python -c "import hypothesis, fastapi" 2>/dev/null; then
+if [ -d .whl ] && ! python -c "import hypothesis, fastapi, cosmic_ray, parso, attrs" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -1
 fi
 if [ "${1:-}" = "speed" ]; then
@@ -66,10 +68,47 @@ if [ "${1:-}" = "judge" ]; then
     exit $status
 fi
 if [ "${1:-}" = "mutate" ]; then
-    for ch in ${CHAPTERS:-$(ls practice/chapters | grep '^ch[0-9][0-9]$')}; do
-        python practice/judge.py mutate "$ch" --per-region "${PER_REGION:-3}" --jobs "${JOBS:-12}" --json 2>/dev/null \
-            | python -c "import json,sys; d=json.load(sys.stdin); open('$out/mutate.jsonl','a').write(json.dumps(d)+'\n'); print('$ch', 'killed', d['killed'], 'of', len(d['mutants']) - d['equivalent'], 'survived', d['survived'], 'not graded here', d['not_graded_here'], 'equivalent (listed)', d['equivalent'])" \
-            | tee -a "$out/mutate_summary.txt" || status=1
+    # Groups sized from the mutant counts and the seconds one graded mutant's run took on the
+    # H200 (results/h200-2026-12-02/mutate.jsonl, median per region; below, per chapter), with
+    # 15% more for mutants that run until their time limit: each group under 9 minutes.
+    groups=("ch00 ch01 ch04" "ch02 ch06" "ch03 ch08" "ch05" "ch07" "ch09")
+    if [ -n "${CHAPTERS:-}" ]; then picked=("$CHAPTERS")
+    elif [ -n "${GROUP:-}" ]; then picked=("${groups[$((GROUP - 1))]}")
+    else picked=("${groups[@]}"); fi
+    for chs in "${picked[@]}"; do
+        tag=$(echo $chs | tr ' ' '-')
+        python practice/judge.py mutate $chs --per-region "${PER_REGION:-all}" --list --json > "$out/mutants_$tag.json" || status=1
+        python - "$out/mutants_$tag.json" "${JOBS:-14}" <<'PY' | tee -a "$out/mutate_summary.txt"
+import json, sys
+report, jobs = json.load(open(sys.argv[1])), int(sys.argv[2])
+each = {"ch00": 4.8, "ch01": 6.0, "ch02": 13.0, "ch03": 6.4, "ch04": 6.1, "ch05": 6.6, "ch06": 6.8, "ch07": 8.9,
+        "ch08": 10.8, "ch09": 15.4}  # seconds per mutant run on the H200, 14 at once
+n = {c["chapter"]: sum(m["verdict"] is None for m in c["mutants"]) for c in report["chapters"]}
+seconds = 1.15 * sum(k * each.get(c, 15.0) for c, k in n.items()) / jobs
+print(f"estimate: {sum(n.values())} mutants to grade ({', '.join(f'{c} {k}' for c, k in n.items())}), "
+      f"{jobs} at once: about {seconds / 60:.1f} min")
+PY
+        python practice/judge.py mutate $chs --per-region "${PER_REGION:-all}" --jobs "${JOBS:-14}" --json \
+            > "$out/mutate_$tag.json" 2> "$out/mutate_$tag.log"
+        rc=$?
+        [ $rc -eq 0 ] || status=1  # 1: a mutant survived; 3: some not graded here; 2: it did not run
+        python - "$out/mutate_$tag.json" <<'PY' | tee -a "$out/mutate_summary.txt"
+import json, sys
+try:
+    report = json.load(open(sys.argv[1]))
+except ValueError:
+    sys.exit(f"{sys.argv[1]}: no report (see the .log beside it)")
+for ch in report["chapters"] + [{"chapter": "group", "totals": report["totals"]}]:
+    t = ch["totals"]
+    print(ch["chapter"], "killed", t["killed"], "of", t["killed"] + t["survived"] + t["not_graded_here"],
+          f"({t['killed_share']:.1%})" if t["killed_share"] is not None else "", "survived", t["survived"],
+          "not graded here", t["not_graded_here"], "equivalent (listed)", t["equivalent_listed"],
+          "invalid", t["invalid"], "identical dropped", t["identical_dropped"],
+          *([f"in {report['seconds']:g} s ({report['tool']})"] if ch["chapter"] == "group" else []))
+    for m in ch.get("mutants", []):
+        if m["verdict"] == "survived":
+            print("  survived:", m["exercise"], "line", m["line"], m["operator"], m["diff"].replace("\n", " | "))
+PY
     done
     exit $status
 fi

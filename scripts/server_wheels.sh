@@ -11,7 +11,10 @@
 #   pydantic: annotated-types, pydantic-core, typing-extensions, typing-inspection
 #   opentelemetry-api, typing-inspection, pydantic-core: typing-extensions
 # and the judge's differential hidden cases' one extra package: hypothesis (needs sortedcontainers);
-# and InstantTensor, the loader `bench update` compares the disk path with (needs torch only)
+# and InstantTensor, the loader `bench update` compares the disk path with (needs torch only);
+# and the mutation tool `judge.py mutate` takes its operators from: cosmic-ray (its operators
+# need only parso and attrs, all three pure Python; the rest of its requirements serve its own
+# runner and command line, which the judge does not use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(
@@ -20,6 +23,7 @@ PACKAGES=(
     typing-extensions==4.16.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2 idna==3.20
     hypothesis==6.155.2 sortedcontainers==2.4.0
     instanttensor==0.2.2
+    cosmic-ray==8.7.0 parso==0.8.7 attrs==26.1.0
 )
 mkdir -p .whl
 for spec in "${PACKAGES[@]}"; do
