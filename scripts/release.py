@@ -9,9 +9,10 @@ What it writes:
   naming the chapter, the exercise and the notebook section; the markers, signatures and
   docstrings stay. Every region must be registered in a practice/chapters/chNN/chapter.json.
 - notebooks/: nbgrader ``generate_assignment`` of the chapter notebooks (solutions become
-  ``raise NotImplementedError()``, hidden tests are removed). It records the assignment in
-  the instructor's gradebook (grading/ by default, see nbgrader_config.py), which
-  ``nbgrader autograde`` needs later.
+  ``raise NotImplementedError()``, hidden tests are removed). nbgrader records the
+  assignment in a gradebook, which ``nbgrader autograde`` needs later: with
+  ``--course-root DIR`` in DIR/gradebook.db (``--course-root grading`` is the folder
+  nbgrader_config.py names); without it in a temporary folder, deleted afterwards.
 - practice/: ``python practice/judge.py release`` (the judge's own step: problems without
   solutions or wrong answers, chapters' chapter.json and public tests, nothing of hidden/).
 - README.md (the learner's, from scripts/student_README.md), pyproject.toml (whose
@@ -21,18 +22,24 @@ What it writes:
 Then it checks the result (``leaks``): no line of a region's reference, no solution text,
 no hidden test and no wrong answer anywhere in it, and every region stubbed. A leaking
 edition is deleted and the command exits 1.
+
+Nothing is written into this repository but the edition itself (when ``--out`` is inside
+it, as the default student/ is) and, when asked with ``--course-root``, the gradebook.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.dont_write_bytecode = True  # importing the judge's package must leave no __pycache__ in this repository
 sys.path.insert(0, str(REPO / "practice"))  # the judge's package: regions and chapter registries
 from judging import chapters as registry  # noqa: E402
 from judging import regions  # noqa: E402
@@ -68,19 +75,21 @@ def nbgrader_api(config):
 
 
 def release_notebooks(dest: Path, course_root: Path | None = None) -> list[Path]:
-    """nbgrader generate_assignment into ``dest``/notebooks; returns the notebooks written."""
-    config = course_config(course_root, dest)
-    Path(config.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
-    result = nbgrader_api(config).generate_assignment(ASSIGNMENT, force=True)
+    """nbgrader generate_assignment into ``dest``/notebooks; returns the notebooks written.
+    The gradebook goes to ``course_root``, or to a temporary folder deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="release-gradebook-") as scratch:
+        config = course_config(course_root or Path(scratch), dest)
+        Path(config.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
+        result = nbgrader_api(config).generate_assignment(ASSIGNMENT, force=True)
     if not result["success"]:
         raise RuntimeError(f"nbgrader generate_assignment failed:\n{result['error']}\n{result['log']}")
     return sorted((dest / ASSIGNMENT).glob("*.ipynb"))
 
 
 def release_practice(dest: Path) -> None:
-    """The judge's own release step into ``dest``/practice."""
+    """The judge's own release step into ``dest``/practice (leaving no bytecode behind here)."""
     subprocess.run([sys.executable, str(REPO / "practice" / "judge.py"), "release", str(dest / "practice")],
-                   check=True, cwd=REPO)
+                   check=True, cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 
 
 def copy_library(dest: Path) -> None:
@@ -240,7 +249,8 @@ def build(dest: Path, practice: bool = True, course_root: Path | None = None) ->
         shutil.rmtree(dest)  # never leave a leaking edition behind
         raise RuntimeError("the student edition leaks answers (deleted):\n  " + "\n  ".join(problems))
     return {"dest": str(dest), "notebooks": [n.name for n in notebooks], "practice": practice,
-            "regions": len(regions.find(dest))}
+            "regions": len(regions.find(dest)), "gradebook": str(Path(course_root).resolve() / "gradebook.db")
+            if course_root else None}
 
 
 def main(argv=None) -> int:
@@ -249,7 +259,8 @@ def main(argv=None) -> int:
                         help="output folder (replaced); default student/ (--dest is the same option)")
     parser.add_argument("--no-practice", action="store_true", help="leave out practice/ (the judge's release step)")
     parser.add_argument("--course-root", type=Path, default=None,
-                        help="nbgrader gradebook folder (default: grading/, from nbgrader_config.py)")
+                        help="record the assignment in DIR/gradebook.db for nbgrader autograde (`grading` is the "
+                             "folder nbgrader_config.py names); default: not recorded, nothing written here")
     args = parser.parse_args(argv)
     try:
         summary = build(args.out, practice=not args.no_practice, course_root=args.course_root)
@@ -260,6 +271,8 @@ def main(argv=None) -> int:
     print(f"  course_lib/: {summary['regions']} exercise regions stubbed")
     print(f"  notebooks/: {', '.join(summary['notebooks'])} (solutions and hidden tests removed)")
     print("  practice/: " + ("from practice/judge.py release" if summary["practice"] else "left out (--no-practice)"))
+    print(f"  gradebook: the assignment recorded in {summary['gradebook']}" if summary["gradebook"] else
+          "  gradebook: not recorded (to autograde with nbgrader later, build with --course-root grading)")
     print("  checked: every region stubbed; no reference line, no solution text, no hidden test, no instructor-only file")
     return 0
 

@@ -7,6 +7,7 @@ back with the reference.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -91,6 +92,42 @@ def test_a_copied_multiline_body_is_a_leak_even_of_short_lines(tmp_path):
     assert release.leaks(tmp_path / "ed", repo) == ["copy.py: contains the reference body of region ch01.f"]
     (tmp_path / "ed" / "copy.py").write_text("def g(x):\n    y = x\n    z = 1\n    return y\n")
     assert release.leaks(tmp_path / "ed", repo) == []
+
+
+# What a copy of this repository leaves out: git's folder, caches, and the git-ignored
+# outputs at its top (.gitignore), which a release may (re)write when asked.
+COPY_SKIPS = {".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+TOP_SKIPS = {"student", "grading", "workspace", "build", "dist", ".whl", "gpu-latest"}
+
+
+def _copy_skips(folder, names):
+    top = Path(folder).resolve() == REPO
+    return [n for n in names if n in COPY_SKIPS or n.endswith((".pyc", ".egg-info")) or (top and n in TOP_SKIPS)]
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.slow  # builds the whole edition once more, from a copy of this repository
+def test_a_release_writes_nothing_into_the_instructors_tree(tmp_path):
+    """Built without --course-root, the student edition leaves the instructor's tree exactly
+    as it was: nbgrader's gradebook goes to a temporary folder, and no bytecode is written
+    (the run is made as a Python that writes bytecode by default would make it)."""
+    repo = tmp_path / "instructor"
+    shutil.copytree(REPO, repo, ignore=_copy_skips)
+    before = _tree(repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+    run = subprocess.run([sys.executable, str(repo / "scripts" / "release.py"), "--out", str(tmp_path / "student")],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "student" / "course_lib" / "__init__.py").is_file() and "gradebook: not recorded" in run.stdout
+    after = _tree(repo)
+    added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    assert not (added or removed or changed), f"written into the instructor's tree: {added[:5]}, removed: " \
+                                              f"{removed[:5]}, changed: {changed[:5]}"
 
 
 def test_the_student_edition_imports(edition):
