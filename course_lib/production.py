@@ -165,7 +165,7 @@ def mean_nll(engine, sequences: list[list[int]]) -> float:
 
 
 # ---- the policy ---------------------------------------------------------------------------
-# Over 60 lines because its docstring is the whole specification a learner writes it from.
+# Its docstring is the whole specification you write chapter 09's rollback part from.
 def promote_or_rollback(engine, new_path, prompts, reference, weight_version: str | None = None,
                         min_agreement: float = 1.0, quality=None, min_quality: float | None = None,
                         max_new_tokens: int = 16, compare=compare_outputs, pause_mode: str = "retract",

@@ -18,7 +18,8 @@
 Needs only Python, pytest and what the tests import (torch, numpy). Every run is a
 separate pytest process with a time limit. Exit codes of test: 0 every case ran and
 passed; 1 a case failed (or nothing could be graded); 3 nothing failed but some cases
-were not graded (they need a GPU): incomplete, not a pass; 2 a usage error. check
+were not graded (they need a GPU, or wait for a later part of the chapter that is not
+written yet, printed WAITS as in the notebooks): incomplete, not a pass; 2 a usage error. check
 exits 0 when every rule holds, 3 when everything decided here holds but some rows need a
 GPU case to be decided ("not graded here"), else 1; grade exits 0 when the gradebook is written and
 every case of every learner was graded, 3 when it is written but some cases need a GPU.
@@ -108,7 +109,8 @@ def _test_chapter(args) -> int:
     status = report.chapter_status(result, per_exercise)
     if args.json:
         hidden = f"from {_rel(chapter.hidden_dir())}" if result.hidden else report.HIDDEN_ABSENT
-        print(json.dumps({**result.to_json(), "status": status, "hidden_tests": hidden, "exercises": per_exercise,
+        print(json.dumps({**result.to_json(), "status": status, "hidden_tests": hidden, "notebook": chapter.notebook,
+                          "exercises": per_exercise,
                           "points": sum(e["earned"] for e in per_exercise),
                           "max_points": sum(e["points"] for e in per_exercise)}, indent=1))
     else:

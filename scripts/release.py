@@ -9,30 +9,39 @@ What it writes:
   naming the chapter, the exercise and the notebook section; the markers, signatures and
   docstrings stay. Every region must be registered in a practice/chapters/chNN/chapter.json.
 - notebooks/: nbgrader ``generate_assignment`` of the chapter notebooks (solutions become
-  ``raise NotImplementedError()``, hidden tests are removed). It records the assignment in
-  the instructor's gradebook (grading/ by default, see nbgrader_config.py), which
-  ``nbgrader autograde`` needs later.
+  ``raise NotImplementedError()``, hidden tests are removed). nbgrader records the
+  assignment in a gradebook, which ``nbgrader autograde`` needs later: with
+  ``--course-root DIR`` in DIR/gradebook.db (``--course-root grading`` is the folder
+  nbgrader_config.py names); without it in a temporary folder, deleted afterwards.
 - practice/: ``python practice/judge.py release`` (the judge's own step: problems without
   solutions or wrong answers, chapters' chapter.json and public tests, nothing of hidden/).
 - README.md (the learner's, from scripts/student_README.md), pyproject.toml (whose
   ``python -m pytest`` runs the chapters' public tests), scripts/setup.sh, binder/, and
-  results/ (the recorded GPU results the notebooks show).
+  results/ (the recorded GPU results the notebooks show; not the mutation runs).
 
-Then it checks the result (``leaks``): no line of a region's reference, no solution text,
-no hidden test and no wrong answer anywhere in it, and every region stubbed. A leaking
-edition is deleted and the command exits 1.
+Then it checks the result (``leaks``, ``instructor_only``): no line of a region's reference,
+no solution text, no hidden test and no wrong answer anywhere in it (JSON records read as
+the strings they hold), every region stubbed, no note addressed to maintainers and no path
+of the instructor edition's hidden tests, wrong answers or solutions. A leaking edition
+is deleted and the command exits 1.
+
+Nothing is written into this repository but the edition itself (when ``--out`` is inside
+it, as the default student/ is) and, when asked with ``--course-root``, the gradebook.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.dont_write_bytecode = True  # importing the judge's package must leave no __pycache__ in this repository
 sys.path.insert(0, str(REPO / "practice"))  # the judge's package: regions and chapter registries
 from judging import chapters as registry  # noqa: E402
 from judging import regions  # noqa: E402
@@ -42,6 +51,20 @@ LIBRARY = ["course_lib", "pyproject.toml", "scripts/setup.sh", "binder", "result
 STUDENT_README = REPO / "scripts" / "student_README.md"
 MARKERS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"]
 SECRET_NAMES = {"solution.py", "test_hidden.py", "nbgrader_config.py", "gradebook.db"}
+# Notes written to the people who keep the course, not to learners: a size rule's excuse
+# ("over 60 lines because ..."), a to-do, a note addressed to maintainers or instructors.
+MAINTAINER_NOTE = re.compile(r"#.*\bover \d+ lines\b|#\s*(TODO|FIXME|XXX|HACK)\b"
+                             r"|\bnotes? (to|for) (the )?(maintainers|instructors)\b", re.I)
+# Where the instructor edition keeps what learners never get: hidden tests, wrong answers, solutions.
+INSTRUCTOR_PATH = re.compile(r"(?<![\w.-])(hidden|wrong)/"
+                             r"|\b(solution|test_hidden|test_differential|solution_twin)\.py\b"
+                             r"|equivalent_mutants\.json|MUTANTS\.md")
+# Files that may name those places: the judge looks for them there (and says so when absent);
+# results/ holds recorded runs, whose logs name hidden cases.
+MAY_NAME_PATHS = ("practice/judge.py", "practice/judging/", "results/")
+# Recorded runs left out of the edition: mutation runs list each mutant's whole body, a
+# reference answer with one line changed.
+RESULTS_LEFT_OUT = ("mutate*",)
 
 
 def course_config(course_root: Path | None = None, release_root: Path | None = None):
@@ -68,27 +91,30 @@ def nbgrader_api(config):
 
 
 def release_notebooks(dest: Path, course_root: Path | None = None) -> list[Path]:
-    """nbgrader generate_assignment into ``dest``/notebooks; returns the notebooks written."""
-    config = course_config(course_root, dest)
-    Path(config.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
-    result = nbgrader_api(config).generate_assignment(ASSIGNMENT, force=True)
+    """nbgrader generate_assignment into ``dest``/notebooks; returns the notebooks written.
+    The gradebook goes to ``course_root``, or to a temporary folder deleted afterwards."""
+    with tempfile.TemporaryDirectory(prefix="release-gradebook-") as scratch:
+        config = course_config(course_root or Path(scratch), dest)
+        Path(config.CourseDirectory.root).mkdir(parents=True, exist_ok=True)
+        result = nbgrader_api(config).generate_assignment(ASSIGNMENT, force=True)
     if not result["success"]:
         raise RuntimeError(f"nbgrader generate_assignment failed:\n{result['error']}\n{result['log']}")
     return sorted((dest / ASSIGNMENT).glob("*.ipynb"))
 
 
 def release_practice(dest: Path) -> None:
-    """The judge's own release step into ``dest``/practice."""
+    """The judge's own release step into ``dest``/practice (leaving no bytecode behind here)."""
     subprocess.run([sys.executable, str(REPO / "practice" / "judge.py"), "release", str(dest / "practice")],
-                   check=True, cwd=REPO)
+                   check=True, cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 
 
 def copy_library(dest: Path) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    caches = ("__pycache__", "*.pyc", "*.egg-info")
     for name in LIBRARY:
         src, dst = REPO / name, dest / name
         if src.is_dir():
-            shutil.copytree(src, dst, ignore=ignore)
+            left_out = RESULTS_LEFT_OUT if name == "results" else ()
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*caches, *left_out))
         elif src.is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
@@ -199,6 +225,29 @@ def _contains_block(lines: list[str], block: tuple[str, ...]) -> bool:
     return any(tuple(lines[i:i + n]) == block for i, line in enumerate(lines) if line == block[0])
 
 
+def _json_strings(text: str) -> list[str]:
+    """Every string in a JSON document, or in each line of a JSON-lines file."""
+    try:
+        stack = [json.loads(text)]
+    except json.JSONDecodeError:  # JSON lines: a document per line (an unparsable line holds none)
+        stack = []
+        for line in text.splitlines():
+            try:
+                stack.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    out = []
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, dict):
+            stack += value.values()
+        elif isinstance(value, list):
+            stack += value
+    return out
+
+
 def leaks(edition: Path, repo: Path = REPO) -> list[str]:
     """Everything in ``edition`` that gives away an answer or a hidden test (empty: clean)."""
     found = []
@@ -215,11 +264,34 @@ def leaks(edition: Path, repo: Path = REPO) -> list[str]:
             continue
         if path.suffix == ".ipynb":  # compare cell sources line by line, not JSON-escaped text
             text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+        elif path.suffix in (".json", ".jsonl"):  # and a record's strings as the lines they hold
+            text += "\n" + "\n".join(_json_strings(text))
         found += [f"{rel}: contains the nbgrader marker {m!r}" for m in MARKERS if m in text]
         found += [f"{rel}: contains a line of a solution or hidden test: {s!r}" for s in sorted(secrets & _lines(text))]
         code = [s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#")]
         found += [f"{rel}: contains the reference body of region {rid}" for rid, b in blocks.items()
                   if _contains_block(code, b)]
+    return found
+
+
+def instructor_only(edition: Path) -> list[str]:
+    """Every line in ``edition``'s text files that speaks to maintainers (``MAINTAINER_NOTE``)
+    or names where the instructor edition keeps hidden tests, wrong answers and solutions
+    (``INSTRUCTOR_PATH``; the judge's code and recorded results may). Empty: clean."""
+    found = []
+    for path in sorted(p for p in Path(edition).rglob("*") if p.is_file()):
+        rel = path.relative_to(edition).as_posix()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue  # not text: nothing a learner reads
+        if path.suffix == ".ipynb":  # the cells' own lines, not the JSON around them
+            lines = [ln for c in json.loads("\n".join(lines))["cells"] for ln in "".join(c["source"]).splitlines()]
+        for number, line in enumerate(lines, 1):
+            if MAINTAINER_NOTE.search(line):
+                found.append(f"{rel}:{number}: a note for maintainers: {line.strip()[:120]!r}")
+            elif not rel.startswith(MAY_NAME_PATHS) and INSTRUCTOR_PATH.search(line):
+                found.append(f"{rel}:{number}: names an instructor-only path: {line.strip()[:120]!r}")
     return found
 
 
@@ -235,12 +307,13 @@ def build(dest: Path, practice: bool = True, course_root: Path | None = None) ->
     if practice:
         release_practice(dest)
     copy_library(dest)
-    problems = unstubbed(dest) + leaks(dest)
+    problems = unstubbed(dest) + leaks(dest) + instructor_only(dest)
     if problems:
         shutil.rmtree(dest)  # never leave a leaking edition behind
         raise RuntimeError("the student edition leaks answers (deleted):\n  " + "\n  ".join(problems))
     return {"dest": str(dest), "notebooks": [n.name for n in notebooks], "practice": practice,
-            "regions": len(regions.find(dest))}
+            "regions": len(regions.find(dest)), "gradebook": str(Path(course_root).resolve() / "gradebook.db")
+            if course_root else None}
 
 
 def main(argv=None) -> int:
@@ -249,7 +322,8 @@ def main(argv=None) -> int:
                         help="output folder (replaced); default student/ (--dest is the same option)")
     parser.add_argument("--no-practice", action="store_true", help="leave out practice/ (the judge's release step)")
     parser.add_argument("--course-root", type=Path, default=None,
-                        help="nbgrader gradebook folder (default: grading/, from nbgrader_config.py)")
+                        help="record the assignment in DIR/gradebook.db for nbgrader autograde (`grading` is the "
+                             "folder nbgrader_config.py names); default: not recorded, nothing written here")
     args = parser.parse_args(argv)
     try:
         summary = build(args.out, practice=not args.no_practice, course_root=args.course_root)
@@ -260,7 +334,10 @@ def main(argv=None) -> int:
     print(f"  course_lib/: {summary['regions']} exercise regions stubbed")
     print(f"  notebooks/: {', '.join(summary['notebooks'])} (solutions and hidden tests removed)")
     print("  practice/: " + ("from practice/judge.py release" if summary["practice"] else "left out (--no-practice)"))
-    print("  checked: every region stubbed; no reference line, no solution text, no hidden test, no instructor-only file")
+    print(f"  gradebook: the assignment recorded in {summary['gradebook']}" if summary["gradebook"] else
+          "  gradebook: not recorded (to autograde with nbgrader later, build with --course-root grading)")
+    print("  checked: every region stubbed; no reference line, no solution text, no hidden test, no instructor-only "
+          "file, no note for maintainers, no instructor-only path")
     return 0
 
 

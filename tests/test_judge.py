@@ -170,6 +170,65 @@ def scenario_chapter(tmp):
     }
 
 
+def _edition_with(tmp, bodies: dict[str, str]):
+    """A copy of this checkout's course_lib with the regions in ``bodies`` replaced (as a learner's)."""
+    root = tmp / "edition"
+    shutil.copytree(REPO / "course_lib", root / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    for region in regions.find(REPO):
+        if region.id in bodies:
+            target = root / region.path.relative_to(REPO)
+            target.write_text(regions.replace_bodies(target.read_text(), {region.id: bodies[region.id]}, target))
+    return root
+
+
+def _wrong(exercise_id: str, variant: str) -> str:
+    chapter, name = exercise_id.split(".")
+    return (PRACTICE / "hidden" / "chapters" / chapter / "wrong" / f"{name}.{variant}.py").read_text()
+
+
+# What a learner's own hidden-free run may fail with besides the public cases: a function
+# handed back where a value was expected, in colour, and an error passed on with a traceback.
+NOISY_CASES = ("import pytest\npytestmark = pytest.mark.exercise('ch01.block_hash')\n"
+               "def helper_the_learner_returned():\n    pass\n"
+               "def test_reports_a_function():\n    f = helper_the_learner_returned\n"
+               "    assert f is None, f'\\x1b[31mgot {f}\\x1b[0m'\n"
+               "def test_passes_an_error_on():\n    raise RuntimeError('the reference failed:\\nTraceback (most "
+               "recent call last):\\n  File \"twin.py\", line 3, in run\\n    step()\\nValueError: bad shape')\n")
+
+
+def scenario_voice(tmp):
+    """Wrong answers graded as a learner sees them: the public tests (and two noisy cases),
+    from a Jupyter kernel's environment, which asks every tool for colour."""
+    noisy = _hidden_chapter(tmp, "noisy", NOISY_CASES)
+    colour = {"FORCE_COLOR": "1", "CLICOLOR_FORCE": "1"}
+    public, runs = {"COURSE_HIDDEN_DIR": str(tmp / "none")}, {}
+    for exercise_id, variant, env in [("ch01.block_hash", "no_salt", noisy),
+                                      ("ch01.gate_up_rows", "equal_halves", public),
+                                      ("ch02.retract", "counts_every_preemption", public)]:
+        root = _edition_with(tmp / exercise_id, {exercise_id: _wrong(exercise_id, variant)})
+        runs[exercise_id] = judge("test", exercise_id.split(".")[0], "--root", root, "--exercise", exercise_id,
+                                  env={**env, **colour})
+    return runs
+
+
+def scenario_waits(tmp):
+    """Chapter 02 with its third part (the pause modes) still the stub: the first part's
+    engine-level case waits for it, in the judge and in the notebook's check alike."""
+    ch02 = chapters.load("ch02")
+    root = _edition_with(tmp, {"ch02.pause_modes": ch02.stub(ch02.exercise("ch02.pause_modes")) + "\n"})
+    public = {"COURSE_HIDDEN_DIR": str(tmp / "none")}
+    program = ("import sys; sys.path.insert(0, sys.argv[1]); from judging.notebook import public_checks; "
+               "public_checks('ch02.version_tags', root=sys.argv[2])")
+    notebook = subprocess.run(
+        [sys.executable, "-c", program, str(PRACTICE), str(root)],
+        cwd=tmp, capture_output=True, text=True, timeout=500,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **public})
+    return {"part": judge("test", "ch02", "--root", root, "--exercise", "ch02.version_tags", env=public),
+            "part json": judge("test", "ch02", "--root", root, "--exercise", "ch02.version_tags", "--json", env=public),
+            "chapter": judge("test", "ch02", "--root", root, env=public),
+            "notebook": notebook}
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
@@ -378,6 +437,60 @@ def test_chapter_cases_must_name_their_exercise_and_usage_errors_are_named(ran):
     assert runs["problem with root"].returncode == 2 and "grade a chapter" in runs["problem with root"].stderr
 
 
+# What a learner must never have to read: pytest's options and prefixes, colour codes,
+# the judge's or pytest's frames, memory addresses.
+NOISE = re.compile(r"Use -v|-vv|^\s*E   |\x1b\[|Traceback|File \"|\+ where|0x[0-9a-fA-F]{4,}|conftest|judging/",
+                   re.M)
+
+
+def test_failures_show_the_call_the_values_and_the_section_without_noise(ran):
+    runs = ran["voice"]()
+    for exercise_id, r in runs.items():
+        assert r.returncode == 1, (exercise_id, r.stdout + r.stderr)
+        noise = [m.group(0) for m in NOISE.finditer(r.stdout + r.stderr)]
+        assert not noise, (exercise_id, noise, r.stdout)
+        chapter = chapters.load(exercise_id.split(".")[0])
+        section = chapter.exercise(exercise_id).section
+        assert f"=> FAIL: 0/{chapter.exercise(exercise_id).points:g} points; read {chapter.notebook}, " \
+               f"section “{section}”" in r.stdout, r.stdout
+    block_hash = case_lines(runs["ch01.block_hash"].stdout)
+    # the learner's call and the value it gave, beside what the case expected
+    salt = block_hash["test_public.py::test_block_hash_includes_the_salt"]
+    assert re.search(r"the check: assert (-?\d+) != \1 \| where \1 = compute_hash\(\[1, 2, 3, 4\], -1\)",
+                     runs["ch01.block_hash"].stdout), salt
+    assert block_hash["test_hidden.py::test_reports_a_function"] == "FAIL: got helper_the_learner_returned"
+    assert block_hash["test_hidden.py::test_passes_an_error_on"] == "FAIL: RuntimeError: the reference failed:"
+    assert "      ValueError: bad shape" in runs["ch01.block_hash"].stdout  # the error itself, under its case
+    gate_up = runs["ch01.gate_up_rows"].stdout
+    assert "the check: assert [(0, 5), (5, 5)] == [(0, 4), (4, 6)] | At index 0 diff: (0, 5) != (0, 4)\n" in gate_up
+
+
+def test_a_case_waiting_for_a_later_part_says_WAITS_as_the_notebook_does_and_is_never_complete(ran):
+    runs = ran["waits"]()
+    part, notebook = runs["part"], runs["notebook"]
+    case = "test_public.py::test_version_tags_in_the_engine_across_an_update"
+    why = ("it goes through ch02.pause_modes (section “Exercise 3 · The four pause modes”), which comes later "
+           "and is not written yet")
+    # The notebook's check cell lists the case as waiting and lets Run All go on.
+    assert notebook.returncode == 0, notebook.stdout + notebook.stderr
+    assert f"WAITS   in_the_engine_across_an_update: {why}\n" in notebook.stdout, notebook.stdout
+    # The judge prints the same verdict in the same words, and a wait is not a pass: exit 3, never "complete".
+    assert case_lines(part.stdout)[case] == f"WAITS: {why}", part.stdout
+    assert part.returncode == 3, part.stdout + part.stderr
+    assert "=> WAITS: 0/1 points (1 case(s) wait for ch02.pause_modes" in part.stdout
+    assert "status: incomplete: 1 case(s) wait for a later part not written yet" in part.stdout
+    assert "complete (" not in part.stdout and "FAIL" not in part.stdout
+    result = json.loads(runs["part json"].stdout)
+    assert result["status"] == "incomplete" and result["waits"] == 1 and result["failed"] == 0
+    assert {c["case"]: (c["outcome"], c["waits_for"]) for c in result["cases"]}[case] == ("waits", "ch02.pause_modes")
+    assert [e["status"] for e in result["exercises"]] == ["waits"] and result["points"] == 0
+    # The whole chapter: the unwritten part fails; the part before it still only waits.
+    chapter = runs["chapter"]
+    assert chapter.returncode == 1 and case_lines(chapter.stdout)[case] == f"WAITS: {why}", chapter.stdout
+    assert "=> WAITS: 0/1 points" in chapter.stdout
+    assert "status: FAIL (and 1 case(s) wait for a later part" in chapter.stdout
+
+
 def test_check_covers_chapter_exercises(ran):
     checks = [c for c in json.loads(ran["check"]().stdout)["checks"] if c["problem"].startswith("ch01")]
     got = {(c["problem"], c["file"]): c["verdict"] for c in checks}
@@ -442,6 +555,30 @@ def test_check_verdicts_say_what_is_wrong():
     assert [r.status for r in (result("pass"), result("pass", "not graded"), result("pass", "fail"),
                                result("not graded"), result())] == ["pass", "incomplete", "fail", "fail", "fail"]
     assert [result("pass").exit_code, result("pass", "not graded").exit_code, result("fail").exit_code] == [0, 3, 1]
+    # A case that waits for a later part is not graded: never a pass, and a reference may not wait.
+    assert [r.status for r in (result("pass", "waits"), result("waits"), result("waits", "fail"))] == [
+        "incomplete", "fail", "fail"]
+    assert result("pass", "waits").exit_code == 3 and result("pass", "waits").graded == 1
+    assert report.check_verdict(True, result("pass", "waits")).startswith("WRONG: the reference fails t1")
+    assert report.check_verdict(False, result("pass", "waits")) == "WRONG: passes every graded case"
+    assert "1 wait for a later part" in report.score_line(result("pass", "waits"))
+
+
+def test_the_gradebook_counts_an_exercise_that_waits_as_earning_nothing():
+    from judging import gradebook
+    row = dict(learner="ada", item="ch02", exercise="ch02.version_tags", status="waits", points=0, max_points=1)
+    assert gradebook.totals([row]) == {"ada": {"points": 0, "max_points": 1, "complete": True, "pass": 0, "fail": 0,
+                                               "waits": 1, "incomplete": 0, "not submitted": 0}}
+
+
+def test_a_notebook_shows_a_verdict_as_its_words_alone():
+    """IPython prints what ``_render_traceback_`` returns in place of a traceback: the
+    notebook's check and graded cells show why, not the judge's frames."""
+    from judging.notebook import NotPassed, PartNotDone
+    for kind in (PartNotDone, NotPassed):
+        error = kind("ch01.block_hash: 1 of 5 public cases did not pass")
+        assert isinstance(error, AssertionError)
+        assert error._render_traceback_() == [f"{kind.__name__}: ch01.block_hash: 1 of 5 public cases did not pass"]
 
 
 def test_runs_side_by_side_get_a_share_of_the_cores(monkeypatch, tmp_path):

@@ -154,7 +154,7 @@ def test_region_cell_grades_the_submissions_own_course_lib(course):
     assert "every case ran and passed" in ref
     stub = graded_output(course, "untouched", "test_block_hash")
     assert str(course.root / "submitted" / "untouched") in stub
-    assert "ch01.block_hash: write this part (chapter 01" in stub and "AssertionError" in stub
+    assert "ch01.block_hash: write this part (chapter 01" in stub and "NotPassed" in stub
 
 
 def test_untouched_student_notebook_gets_zero_and_fails_only_at_stubs(course):

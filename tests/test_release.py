@@ -7,6 +7,7 @@ back with the reference.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -90,6 +91,87 @@ def test_a_copied_multiline_body_is_a_leak_even_of_short_lines(tmp_path):
     (tmp_path / "ed" / "copy.py").write_text("def g(x):\n    y = x\n    # a comment in between\n    return y\n")
     assert release.leaks(tmp_path / "ed", repo) == ["copy.py: contains the reference body of region ch01.f"]
     (tmp_path / "ed" / "copy.py").write_text("def g(x):\n    y = x\n    z = 1\n    return y\n")
+    assert release.leaks(tmp_path / "ed", repo) == []
+
+
+# What a copy of this repository leaves out: git's folder, caches, and the git-ignored
+# outputs at its top (.gitignore), which a release may (re)write when asked.
+COPY_SKIPS = {".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+TOP_SKIPS = {"student", "grading", "workspace", "build", "dist", ".whl", "gpu-latest"}
+
+
+def _copy_skips(folder, names):
+    top = Path(folder).resolve() == REPO
+    return [n for n in names if n in COPY_SKIPS or n.endswith((".pyc", ".egg-info")) or (top and n in TOP_SKIPS)]
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.slow  # builds the whole edition once more, from a copy of this repository
+def test_a_release_writes_nothing_into_the_instructors_tree(tmp_path):
+    """Built without --course-root, the student edition leaves the instructor's tree exactly
+    as it was: nbgrader's gradebook goes to a temporary folder, and no bytecode is written
+    (the run is made as a Python that writes bytecode by default would make it)."""
+    repo = tmp_path / "instructor"
+    shutil.copytree(REPO, repo, ignore=_copy_skips)
+    before = _tree(repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+    run = subprocess.run([sys.executable, str(repo / "scripts" / "release.py"), "--out", str(tmp_path / "student")],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "student" / "course_lib" / "__init__.py").is_file() and "gradebook: not recorded" in run.stdout
+    after = _tree(repo)
+    added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+    changed = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    assert not (added or removed or changed), f"written into the instructor's tree: {added[:5]}, removed: " \
+                                              f"{removed[:5]}, changed: {changed[:5]}"
+
+
+def test_nothing_for_instructors_or_maintainers_ships(edition):
+    """Every shipped file is read: no note addressed to maintainers, no path of the instructor
+    edition's hidden tests, wrong answers or solutions (outside the judge's code and the
+    recorded results); practice/README.md stops where its instructors' part starts; no
+    mutation record (each mutant is a reference answer with one line changed)."""
+    assert release.instructor_only(edition) == []
+    readme = (edition / "practice" / "README.md").read_text()
+    assert "## Practice problems" in readme and "## For instructors" not in readme and "hidden/" not in readme
+    assert not list((edition / "results").rglob("mutate*")) and list((REPO / "results").rglob("mutate*"))
+
+
+def test_notes_for_maintainers_and_instructor_paths_are_refused(tmp_path):
+    ed = tmp_path / "edition"
+    for rel, text in {
+        "course_lib/a.py": "x = 1\n# Over 60 lines because its docstring is long.\n# TODO: tidy\n# for learners\n",
+        "README.md": "Read practice/hidden/chapters/ch01/test_hidden.py and wrong/x.py.\nNotes for maintainers: ...\n",
+        "practice/judging/chapters.py": "HIDDEN = 'practice/hidden/chapters'\n",  # the judge looks there
+        "results/run/judge_check.log": "test_hidden.py::test_case ... pass\n",  # a recorded run
+    }.items():
+        (ed / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ed / rel).write_text(text)
+    cell = {"cell_type": "code", "metadata": {}, "source": ["# solution.py holds the answer\n", "x = 1\n"]}
+    (ed / "notebooks").mkdir()
+    (ed / "notebooks" / "00.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}}))
+    found = release.instructor_only(ed)
+    assert [f.split(": ")[0] + ": " + f.split(": ")[1] for f in found] == [
+        "README.md:1: names an instructor-only path", "README.md:2: a note for maintainers",
+        "course_lib/a.py:2: a note for maintainers", "course_lib/a.py:3: a note for maintainers",
+        "notebooks/00.ipynb:1: names an instructor-only path"], found
+
+
+def test_a_reference_body_inside_a_json_record_is_a_leak(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "course_lib").mkdir(parents=True)
+    (repo / "course_lib" / "m.py").write_text("def f(x):\n    # BEGIN EXERCISE ch01.f\n    y = x\n    return y\n"
+                                              "    # END EXERCISE\n")
+    (tmp_path / "ed" / "results").mkdir(parents=True)
+    record = tmp_path / "ed" / "results" / "mutants.jsonl"
+    record.write_text(json.dumps({"mutants": [{"body": "y = x\nreturn y\n"}]}) + "\n")
+    found = release.leaks(tmp_path / "ed", repo)
+    assert found == ["results/mutants.jsonl: contains the reference body of region ch01.f"], found
+    record.write_text(json.dumps({"mutants": [{"body": "y = x + 1\nreturn y\n"}]}) + "\n")
     assert release.leaks(tmp_path / "ed", repo) == []
 
 

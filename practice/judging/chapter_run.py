@@ -10,18 +10,27 @@ which ``course_lib`` was imported, and a run that imported another one fails eve
 An exercise passes only when every one of its cases ran and passed; its points are all
 or nothing. A case that belongs to no exercise (a test file that cannot be imported)
 counts against every exercise of the chapter.
+
+A failing case stopped by the stub of a LATER part of its chapter (an engine-level case
+goes through the whole engine) "waits" for that part: not this part's failure, never a
+pass. ``mark_waits`` decides it, once, for the judge's ``test`` and the notebooks' check
+cells alike (notebook.py), so both say ``WAITS`` for the same cases in the same words.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from judging.chapters import Chapter
-from judging.run import Case, RunResult, _cases, _run_limited, records, seal_work_dir
+from judging.run import (Case, RunResult, _cases, _run_limited, plain_environment, pytest_command, records,
+                         seal_work_dir)
+
+# A stub's message (regions.stub_line): "chNN.name: write this part (chapter NN, ...)".
+STUB = re.compile(r"NotImplementedError: (ch\d\d\.\w+): write this part")
 
 
 def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: float = 300.0,
@@ -42,8 +51,7 @@ def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: f
         tests = copy_chapter_tests(chapter, hidden_files, work)
         results = tmp / "results.jsonl"  # outside the directory the tests run in
         env = _environment(root, results, chapter, exercises, threads)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
-               "--rootdir", str(work), *[t for t in tests if t.startswith("test_")]]
+        cmd = [*pytest_command(work), *[t for t in tests if t.startswith("test_")]]
         if select:
             cmd += ["-k", select]
         start = time.perf_counter()
@@ -52,6 +60,7 @@ def run_chapter(chapter: Chapter, root: Path, *, hidden: bool = True, timeout: f
         result.output = output[-4000:]
         result.cases = _cases(results, returncode, timed_out, timeout, output)
         _verify_course_lib(result, results, root)
+        result.cases = mark_waits(chapter, result.cases)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
@@ -74,7 +83,7 @@ def copy_chapter_tests(chapter: Chapter, hidden_files: list[Path], work: Path) -
 
 def _environment(root: Path, results: Path, chapter: Chapter, exercises, threads) -> dict:
     drop = ("PYTEST_ADDOPTS", "COURSE_JUDGE_RESULTS", "PYTHONPATH", "COURSE_CANDIDATE")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = plain_environment({k: v for k, v in os.environ.items() if k not in drop})
     if threads and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(threads)  # runs side by side share the cores (see run.py)
     env.update(
@@ -89,6 +98,33 @@ def _environment(root: Path, results: Path, chapter: Chapter, exercises, threads
         PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
     )
     return env
+
+
+def later_part(chapter: Chapter, exercise_id: str, message: str) -> str | None:
+    """The exercise id when ``message`` is the stub of a part that comes AFTER
+    ``exercise_id`` in ``chapter`` (the notebook has not asked for it yet), else None."""
+    found = STUB.search(message)
+    order = [e.id for e in chapter.exercises]
+    if not found or found.group(1) not in order or exercise_id not in order:
+        return None
+    return found.group(1) if order.index(found.group(1)) > order.index(exercise_id) else None
+
+
+def wait_message(chapter: Chapter, later: str) -> str:
+    """Why a case waits, in the words the judge and the notebooks print after ``WAITS``."""
+    return (f"it goes through {later} (section “{chapter.exercise(later).section}”), which comes later "
+            "and is not written yet")
+
+
+def mark_waits(chapter: Chapter, cases: list[Case]) -> list[Case]:
+    """``cases`` with each failing case stopped by a later part's stub marked "waits" (with
+    that part in ``waits_for`` and ``wait_message`` as its message); the others unchanged."""
+    out = []
+    for c in cases:
+        later = later_part(chapter, c.exercise, c.message) if c.outcome == "fail" else None
+        out.append(Case(c.case, "waits", wait_message(chapter, later), c.seconds, c.exercise, later)
+                   if later else c)
+    return out
 
 
 def reference_root() -> str | None:
@@ -117,7 +153,8 @@ def _verify_course_lib(result: RunResult, results: Path, root: Path) -> None:
 
 
 def exercise_results(chapter: Chapter, result: RunResult, only: list[str] | None = None) -> list[dict]:
-    """Per exercise: status (pass / fail / incomplete), case counts, points earned of points."""
+    """Per exercise: status (pass / fail / waits / incomplete), case counts, points earned of
+    points, and the notebook section that explains it."""
     out = []
     for ex in chapter.exercises:
         if only and ex.id not in only:
@@ -125,16 +162,21 @@ def exercise_results(chapter: Chapter, result: RunResult, only: list[str] | None
         cases = [c for c in result.cases if c.exercise in (ex.id, "")]
         failed = [c for c in cases if c.outcome == "fail"]
         not_graded = [c for c in cases if c.outcome == "not graded"]
+        waiting = sorted({c.waits_for for c in cases if c.outcome == "waits"})
         if failed or not cases:
             status = "fail"
             message = failed[0].message if failed else "no case grades this exercise"
+        elif waiting:  # nothing failed, but this part cannot be graded before the later one is written
+            status = "waits"
+            message = (f"{sum(c.outcome == 'waits' for c in cases)} case(s) wait for {', '.join(waiting)}, which "
+                       "comes later and is not written yet; scored 0 until they run and pass")
         elif not_graded:
             status = "incomplete"
             message = f"{len(not_graded)} case(s) need a GPU and were not graded; scored 0 until they run"
         else:
             status, message = "pass", ""
-        out.append(dict(exercise=ex.id, title=ex.title, status=status, points=ex.points,
+        out.append(dict(exercise=ex.id, title=ex.title, section=ex.section, status=status, points=ex.points,
                         earned=ex.points if status == "pass" else 0,
                         passed=sum(c.outcome == "pass" for c in cases), failed=len(failed),
-                        not_graded=len(not_graded), message=message))
+                        not_graded=len(not_graded), waits=sum(c.outcome == "waits" for c in cases), message=message))
     return out

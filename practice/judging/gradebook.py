@@ -10,7 +10,9 @@ and each problem is then graded in its own process and temporary directory.
 Scores: an exercise earns its points (chapter.json) only when every one of its cases ran
 and passed; a problem earns its ``points`` (problem.md front matter, default 1) the same
 way. A case that needs a GPU this machine lacks is "not graded": the exercise is
-"incomplete" and earns 0, and the learner's total is marked incomplete.
+"incomplete" and earns 0, and the learner's total is marked incomplete. A case stopped by
+a later part of the chapter that the learner has not written "waits": the exercise's
+status is "waits" and it earns 0 (grading again changes nothing until that part exists).
 """
 from __future__ import annotations
 
@@ -140,7 +142,8 @@ def totals(scores: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for r in scores:
         t = out.setdefault(r["learner"], {"points": 0, "max_points": 0, "complete": True,
-                                          "pass": 0, "fail": 0, "incomplete": 0, "not submitted": 0})
+                                          "pass": 0, "fail": 0, "waits": 0, "incomplete": 0,
+                                          "not submitted": 0})
         t["points"] += r["points"]
         t["max_points"] += r["max_points"]
         t[r["status"]] += 1

@@ -13,9 +13,10 @@ A chapter notebook's graded cell (nbgrader ``grade: true``) is::
 ``grade_exercise`` runs ``python practice/judge.py test chNN --root ROOT --exercise ID`` with the
 judge of the ``practice/`` found above (the instructor's, with hidden tests, when
 nbgrader autogrades inside the instructor's repository; the learner's own, public tests
-only, in the student edition), prints one line per case, and raises ``AssertionError``
-unless every case ran and passed. Exit code 3 (GPU cases not run on this machine) scores
-0 with that reason: a case that did not run is never a pass.
+only, in the student edition), prints the judge's line per case, and raises ``NotPassed``
+(an ``AssertionError`` a notebook shows as its message alone) unless every case ran and
+passed. Exit code 3 (GPU cases not run on this machine, or cases that wait for a later
+part) scores 0 with that reason: a case that did not run is never a pass.
 
 Where the learner's course_lib is (ROOT), first match wins:
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,46 +58,49 @@ def course_root(start: Path | None = None) -> Path:
     raise AssertionError(f"no course_lib/ found in {here} or any folder above it")
 
 
+class Verdict(AssertionError):
+    """The judge's verdict on a part, shown in a notebook as its words alone: IPython prints
+    what ``_render_traceback_`` returns instead of a traceback, so the learner reads why,
+    not the judge's own frames (which an exported notebook shows in colour codes)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+class NotPassed(Verdict):
+    """A graded cell's exercise did not fully pass: it scores 0, for the reason given."""
+
+
+class PartNotDone(Verdict):
+    """A part's public cases did not all pass: Run All stops here, at the first such part."""
+
+
 def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
-    """Grade one exercise of the learner's course_lib; print a line per case; raise unless it fully passed."""
+    """Grade one exercise of the learner's course_lib; print the judge's line per case; raise
+    ``NotPassed`` unless it fully passed."""
+    from judging.report import case_line
+    from judging.run import Case
+
     chapter = exercise_id.split(".", 1)[0]
     root = Path(root) if root else course_root()
     cmd = [sys.executable, str(JUDGE), "test", chapter, "--root", str(root), "--exercise", exercise_id, "--json"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     if run.returncode == 2 or not run.stdout.strip():
-        raise AssertionError(f"{exercise_id}: the judge could not grade it: {run.stderr.strip()[-800:]}")
+        raise NotPassed(f"{exercise_id}: the judge could not grade it: {run.stderr.strip()[-800:]}")
     result = json.loads(run.stdout)
     print(f"{exercise_id}: graded in {result['file']} ({'hidden tests too' if result['hidden'] else 'public tests'})")
     for case in result["cases"]:
-        verdict = {"pass": "pass", "not graded": "not graded: " + case["message"]}.get(case["outcome"],
-                                                                                     "FAIL: " + case["message"])
-        print(f"  {case['case']} ... {verdict}")
-    if run.returncode == 3:
-        raise AssertionError(f"{exercise_id}: incomplete: {result['not_graded']} case(s) need a GPU and were not "
-                             "run on this machine; this exercise scores 0 until they run on a GPU")
-    if run.returncode != 0:
-        failed = [c for c in result["cases"] if c["outcome"] == "fail"]
-        raise AssertionError(f"{exercise_id}: {len(failed)} case(s) failed; first: {failed[0]['message']}"
-                             if failed else f"{exercise_id}: not passed ({result['status']})")
-    print(f"{exercise_id}: every case ran and passed")
-
-
-class PartNotDone(AssertionError):
-    """A part's public cases did not all pass: Run All stops here, at the first such part."""
-
-
-# A stub's message (regions.stub_line): "chNN.name: write this part (chapter NN, ...)".
-_STUB = re.compile(r"NotImplementedError: (ch\d\d\.\w+): write this part")
-
-
-def _later_part(chapter, exercise_id: str, message: str) -> str | None:
-    """The exercise id when ``message`` is the stub of a part that comes AFTER
-    ``exercise_id`` in its chapter (the notebook has not asked for it yet), else None."""
-    found = _STUB.search(message)
-    order = [e.id for e in chapter.exercises]
-    if not found or found.group(1) not in order or exercise_id not in order:
-        return None
-    return found.group(1) if order.index(found.group(1)) > order.index(exercise_id) else None
+        print(case_line(Case(**case)))  # the same lines as `judge.py test`
+    if run.returncode == 0:
+        print(f"{exercise_id}: every case ran and passed")
+        return
+    (exercise,) = result["exercises"]
+    if exercise["status"] == "incomplete":
+        raise NotPassed(f"{exercise_id}: incomplete: {exercise['not_graded']} case(s) need a GPU and were not "
+                        "run on this machine; this exercise scores 0 until they run on a GPU")
+    failed = [c for c in result["cases"] if c["outcome"] == "fail"]
+    why = f"{len(failed)} case(s) failed; first: {failed[0]['message']}" if failed else exercise["message"]
+    raise NotPassed(f"{exercise_id}: {why}; read {result['notebook']}, section “{exercise['section']}”")
 
 
 def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
@@ -108,11 +111,13 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
 
     One exception, so that a notebook runs top to bottom: a case that reached the stub of
     a LATER part of the same chapter (the engine-level cases go through the whole engine)
-    is listed as waiting for that part, not as this part's failure. When every case that
-    did not pass is such a wait, the check says so ("not complete yet") and returns without
-    raising. Those cases pass only when run again after the later part is written; the
-    judge grades every case and never counts one that did not pass."""
+    waits for that part (``chapter_run.mark_waits``, the judge's own rule): it is listed as
+    ``WAITS``, not as this part's failure. When every case that did not pass waits, the
+    check says so ("not complete yet") and returns without raising. Those cases pass only
+    when run again after the later part is written; the judge grades every case and never
+    counts one that did not pass."""
     from judging import chapters  # the registries beside this judge
+    from judging.chapter_run import STUB, run_chapter  # the judge's own run and its rule for waits
 
     chapter_id, name = exercise_id.split(".", 1)
     chapter = chapters.load(chapter_id)
@@ -121,20 +126,14 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
         raise ValueError(f"{exercise_id}: no such exercise in {chapter_id} "
                          f"(its parts: {', '.join(e.id for e in chapter.exercises)})")
     root = Path(root) if root else course_root()
-    from judging.chapter_run import run_chapter  # the judge's own run: its messages show the values compared
     result = run_chapter(chapter, root, hidden=False, exercises=[exercise_id], timeout=timeout)
     cases = [c for c in result.cases if c.exercise == exercise_id]
     waits: dict[str, int] = {}
     for c in cases:
         case = c.case.split("::")[-1].removeprefix(f"test_{name}_").lstrip("_")
-        later = _later_part(chapter, exercise_id, c.message) if c.outcome == "fail" else None
-        if later:
-            waits[later] = waits.get(later, 0) + 1
-            section = next(e.section for e in chapter.exercises if e.id == later)
-            print(f"WAITS   {case}: it goes through {later} (section “{section}”), which comes later "
-                  "and is not written yet")
-            continue
-        label = {"pass": "PASSED", "fail": "FAILED"}.get(c.outcome, "NOT RUN")
+        if c.outcome == "waits":
+            waits[c.waits_for] = waits.get(c.waits_for, 0) + 1
+        label = {"pass": "PASSED", "fail": "FAILED", "waits": "WAITS"}.get(c.outcome, "NOT RUN")
         message = "\n        ".join(c.message.splitlines())
         print(f"{label:7} {case}" + (f": {message}" if message else ""))
     passed = sum(c.outcome == "pass" for c in cases)
@@ -142,9 +141,10 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
         print(f"{exercise_id}: all {passed} public cases passed")
         return
     where = f"{chapter.notebook}, section “{exercise.section}”"
-    if waits and passed and passed + sum(waits.values()) == len(cases):
+    waiting = sum(waits.values())
+    if waits and passed and passed + waiting == len(cases):
         print(f"{exercise_id}: {passed} of {len(cases)} public cases passed; the other "
-              f"{sum(waits.values())} wait for {', '.join(sorted(waits))}. Not complete yet: check this part "
+              f"{waiting} wait for {', '.join(sorted(waits))}. Not complete yet: check this part "
               f"again once that part is written (the judge grades every case).")
         return
     if not cases:
@@ -152,11 +152,10 @@ def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 9
         raise PartNotDone(f"{exercise_id}: no public case ran ({said}); see {where}")
     # Cases stopped by the stub of a part that should be written by now (earlier in this
     # chapter, or another chapter's): name it, rather than "what each expected".
-    needed = sorted({m.group(1) for m in (_STUB.search(c.message) for c in cases if c.outcome == "fail")
-                     if m and m.group(1) != exercise_id and m.group(1) not in waits})
+    needed = sorted({m.group(1) for m in (STUB.search(c.message) for c in cases if c.outcome == "fail")
+                     if m and m.group(1) != exercise_id})
     needs = (f"; some stopped at {', '.join(needed)}, not written yet: write "
              f"{'it' if len(needed) == 1 else 'them'} first (each message above says where)") if needed else ""
-    waiting = sum(waits.values())
     raise PartNotDone(f"{exercise_id}: {len(cases) - passed - waiting} of {len(cases)} public cases did not pass "
                       + (f"and {waiting} wait for a later part " if waiting else "")
                       + f"(the lines above say what each expected){needs}; see {where}")

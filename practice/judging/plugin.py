@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -182,10 +183,13 @@ def _learner_frame(report) -> str:
 
 
 def _message(report) -> str:
-    """The failure in words: the assertion's own message, not pytest's expression dump;
-    an exception the learner's code raised also says where (file and line)."""
+    """The failure in words: the assertion's own message, then what it compared (the
+    values, and the learner's call that gave one), without pytest's own wording, colour
+    codes or memory addresses; an exception the learner's code raised also says where
+    (file and line)."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
+    text = _plain(text)
     if not text.startswith(("AssertionError", "Failed")):
         where = _learner_frame(report)
         if where:
@@ -193,11 +197,13 @@ def _message(report) -> str:
     for prefix in ("AssertionError: ", "Failed: "):
         text = text.removeprefix(prefix)
     # pytest appends the rewritten expression with the values it compared: the words come
-    # first, then (a few short lines) what the code gave against what was expected.
-    text, _, compared = text.partition("\nassert ")
+    # first, then (one line) what the code gave against what was expected.
+    if text.startswith("assert "):  # an assert without words of its own
+        text, compared = "", text.removeprefix("assert ")
+    else:
+        text, _, compared = text.partition("\nassert ")
     if compared:
-        shown = [("assert " + compared).splitlines()[0]] + compared.splitlines()[1:4]
-        text += "\nthe check: " + " | ".join(ln.strip()[:160] for ln in shown if ln.strip())
+        text += "\nthe check: " + _compared("assert " + compared)
     # hypothesis's notes repeat the scenario the message shows, or count other failing examples
     text = text.split("\nFalsifying ")[0].split("\n(note: ")[0]
     # Lines kept (a case may show the inputs, the learner's value and the expected one on
@@ -205,6 +211,60 @@ def _message(report) -> str:
     lines = [" ".join(line.split()) for line in text.strip().splitlines()]
     text = "\n".join(line for line in lines if line)
     return text if len(text) <= 1600 else text[:1597] + "..."
+
+
+# Colour codes: pytest and other tools add them when a Jupyter kernel asks for colour.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Python's default reprs of functions and objects carry a memory address that tells the
+# learner nothing: a function is shown by its qualified name, an object by its class.
+_REPRS = [
+    (re.compile(r"<bound method (\S+) of <[^<>]*>>"), r"\1"),
+    (re.compile(r"<bound method (\S+) of [^<>]*>"), r"\1"),
+    (re.compile(r"<(?:function|built-in method|method-wrapper) (\S+)(?: of [^<>]*?)? at 0x[0-9a-fA-F]+>"), r"\1"),
+    (re.compile(r"<built-in (?:function|method) (\S+)>"), r"\1"),
+    (re.compile(r"<generator object \S+ at 0x[0-9a-fA-F]+>"), "<generator>"),
+    (re.compile(r"<(?:\S+\.)?(\w+) object at 0x[0-9a-fA-F]+>"), r"<\1 object>"),
+    (re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),
+]
+# A traceback inside a message (an error passed on from a child process): its frames are
+# the machinery's, not the learner's; the exception line after them is kept.
+_FRAMES = re.compile(r"^Traceback \(most recent call last\):\n(?:[ \t]+.*\n|\n)*", re.M)
+
+
+def _plain(text: str) -> str:
+    """``text`` without colour codes, pytest's ``E`` prefixes, tracebacks or memory addresses."""
+    text = _FRAMES.sub("", _ANSI.sub("", text))
+    text = re.sub(r"^E   ", "", text, flags=re.M)
+    for pattern, repl in _REPRS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+# pytest's words around a comparison that mean nothing without its options (the judge has
+# none) or repeat the assert's own line.
+_NOISE = re.compile(r"\buse '?-v+'? to\b|^comparison failed$|^(Obtained|Expected): |^(Omitting|Skipping) \d+ identical"
+                    r"|^Max relative difference", re.I)
+_WHERE = re.compile(r"^ \+  (where|and)\s+(.*)$")  # what a name in the assert held: the top level only
+
+
+def _compared(explanation: str) -> str:
+    """pytest's explanation of a failed assert as one line: the assert with its values, what
+    each call in it returned ("where 5 = compute_hash([1, 2], -1)") and pytest's note on
+    where two values differ; nested lookups, diffs and option hints are left out."""
+    lines = explanation.splitlines()
+    kept = [lines[0].strip()]
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped.startswith(("Full diff:", "...Full output truncated")):
+            break
+        where = _WHERE.match(line)
+        if where:
+            kept.append(f"{where.group(1)} {where.group(2)}")
+        elif line.startswith("    ") or not stripped or _NOISE.search(stripped):
+            continue  # deeper than pytest's notes: a diff's context lines, nested lookups
+        elif not re.match(r"[-+?] |\+\s+(where|and)\b", stripped):  # nor a string diff's own lines
+            kept.append(stripped.removeprefix("comparison failed. "))
+    return " | ".join(k[:160] for k in kept[:5])
 
 
 @pytest.fixture(scope="session")

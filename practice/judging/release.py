@@ -1,9 +1,10 @@
 """The judge's step of building the student edition: practice/ without answers or hidden tests.
 
-What is copied is an allow-list (the judge; per problem its problem.md, starter.py,
-test_public.py and support modules; per chapter its chapter.json, test_public.py and
-support modules, plus chapters/conftest.py), and the result is then checked: a released
-file whose text equals a solution, a wrong answer or a hidden test stops the release.
+What is copied is an allow-list (the judge; the learner's part of README.md, up to the
+line ``LEARNERS_END`` marks; per problem its problem.md, starter.py, test_public.py and
+support modules; per chapter its chapter.json, test_public.py and support modules, plus
+chapters/conftest.py), and the result is then checked: a released file whose text equals
+a solution, a wrong answer or a hidden test stops the release.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 from judging.chapters import CHAPTERS, all_chapters
 from judging.problems import PRACTICE, all_problems
 
-TOP_FILES = ["judge.py", "README.md", ".gitignore"]
+TOP_FILES = ["judge.py", ".gitignore"]
+# The line of practice/README.md after which it speaks to instructors and maintainers only.
+LEARNERS_END = "<!-- The student edition's copy of this file ends here"
 
 
 def release(dest: Path, force: bool = False) -> list[Path]:
@@ -26,6 +29,7 @@ def release(dest: Path, force: bool = False) -> list[Path]:
             raise FileExistsError(f"{dest} exists and is not empty; use --force to replace it")
         shutil.rmtree(dest)
     written = [_copy(PRACTICE / name, dest / name) for name in TOP_FILES if (PRACTICE / name).is_file()]
+    written.append(_learners_readme(PRACTICE / "README.md", dest / "README.md"))
     written += [_copy(p, dest / "judging" / p.name) for p in sorted((PRACTICE / "judging").glob("*.py"))]
     secrets = []
     for problem in all_problems():
@@ -45,6 +49,18 @@ def release(dest: Path, force: bool = False) -> list[Path]:
         shutil.rmtree(dest)  # never leave a leaking edition behind
         raise
     return written
+
+
+def _learners_readme(src: Path, dst: Path) -> Path:
+    """``src`` up to its ``LEARNERS_END`` line (which must be there: without it the whole
+    file, instructors' part included, would ship)."""
+    text = src.read_text(encoding="utf-8")
+    if LEARNERS_END not in text:
+        raise RuntimeError(f"release stopped: {src} has no line starting {LEARNERS_END!r}, so its instructors' "
+                           "part cannot be left out")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(text[:text.index(LEARNERS_END)].rstrip() + "\n", encoding="utf-8")
+    return dst
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -5,21 +5,32 @@ from judging.problems import HIDDEN_ABSENT
 from judging.run import Case, RunResult
 
 
+# A message's further lines, under the case they belong to.
+INDENT = "\n      "
+
+
 def case_line(case: Case) -> str:
+    """``  case ... verdict``: pass, ``FAIL: why``, ``WAITS: why`` (in the notebook's words,
+    chapter_run.wait_message) or ``not graded: needs CUDA``."""
     if case.outcome == "pass":
         verdict = "pass"
     elif case.outcome == "not graded":
         verdict = f"not graded: {case.message}"
+    elif case.outcome == "waits":
+        verdict = f"WAITS: {case.message}"
     else:
         verdict = f"FAIL: {case.message}"
-    return f"  {case.case} ... {verdict}"
+    return f"  {case.case} ... {INDENT.join(verdict.splitlines())}"
 
 
 def score_line(result: RunResult) -> str:
-    passed, graded, skipped = result.count("pass"), result.graded, result.count("not graded")
+    passed, graded = result.count("pass"), result.graded
+    skipped, waits = result.count("not graded"), result.count("waits")
     line = f"score: {passed}/{graded} graded cases passed"
     if skipped:
         line += f"; {skipped} not graded (needs CUDA; not counted as passed)"
+    if waits:
+        line += f"; {waits} wait for a later part not written yet (not counted as passed)"
     if graded == 0:
         line += "; nothing was graded, so this is not a pass"
     return line
@@ -35,11 +46,13 @@ def print_run(result: RunResult, hidden_dir) -> None:
 
 
 def summary(result: RunResult) -> str:
-    """A short phrase for tables: '12/12 passed', '3 failed of 12', '+1 not graded'."""
+    """A short phrase for tables: '12/12 passed', '3 failed of 12', '+1 not graded', '+2 wait'."""
     failed, graded = result.count("fail"), result.graded
     text = f"{result.count('pass')}/{graded} passed" if not failed else f"{failed} failed of {graded}"
     if result.count("not graded"):
         text += f", {result.count('not graded')} not graded"
+    if result.count("waits"):
+        text += f", {result.count('waits')} wait"
     return text
 
 
@@ -62,8 +75,8 @@ def check_verdict(should_pass: bool, result: RunResult) -> str:
         return "WRONG: no hidden tests (practice/hidden/<slug>/ or $COURSE_HIDDEN_DIR/<slug>/)"
     skipped = result.count("not graded")
     if should_pass:
-        bad = next((c for c in result.cases if c.outcome == "fail"), None)
-        if bad is not None:
+        bad = next((c for c in result.cases if c.outcome in ("fail", "waits")), None)
+        if bad is not None:  # a reference has no unwritten part to wait for
             return f"WRONG: the reference fails {bad.case}: {bad.message}"
         if result.graded:
             return "ok"
@@ -76,7 +89,8 @@ def check_verdict(should_pass: bool, result: RunResult) -> str:
 
 
 def print_chapter(chapter, result: RunResult, exercises: list[dict], hidden_dir) -> None:
-    """A chapter run: its cases under each exercise, a line per exercise, then the score and status."""
+    """A chapter run: its cases under each exercise, a line per exercise (a failing one
+    names the notebook section to read), then the score and status."""
     print(f"{chapter.id} · {chapter.title}: grading the course_lib in {result.file}")
     print(f"hidden tests: from {hidden_dir}" if result.hidden else HIDDEN_ABSENT)
     for ex in exercises:
@@ -84,8 +98,7 @@ def print_chapter(chapter, result: RunResult, exercises: list[dict], hidden_dir)
         for case in result.cases:
             if case.exercise in (ex["exercise"], ""):
                 print(case_line(case))
-        verdict = {"pass": "pass", "fail": "FAIL", "incomplete": "INCOMPLETE"}[ex["status"]]
-        print(f"  => {verdict}: {ex['earned']:g}/{ex['points']:g} points" + (f" ({ex['message']})" if ex["message"] else ""))
+        print(exercise_line(chapter, ex))
     print(score_line(result))
     earned, top = sum(e["earned"] for e in exercises), sum(e["points"] for e in exercises)
     print(f"points: {earned:g}/{top:g}")
@@ -94,17 +107,31 @@ def print_chapter(chapter, result: RunResult, exercises: list[dict], hidden_dir)
     print(status_line(chapter_status(result, exercises), result))
 
 
+def exercise_line(chapter, ex: dict) -> str:
+    """``  => verdict: points`` with why; a failing exercise names the section that explains it."""
+    verdict = {"pass": "pass", "fail": "FAIL", "waits": "WAITS", "incomplete": "INCOMPLETE"}[ex["status"]]
+    line = f"  => {verdict}: {ex['earned']:g}/{ex['points']:g} points"
+    if ex["status"] == "fail":  # the case lines above say what failed; this says where to read
+        why = "" if ex["failed"] else f" ({ex['message']})"
+        return line + why + f"; read {chapter.notebook}, section “{ex['section']}”"
+    return line + (f" ({ex['message']})" if ex["message"] else "")
+
+
 def chapter_status(result: RunResult, exercises: list[dict]) -> str:
+    """pass, fail or incomplete (nothing failed; some cases need a GPU or wait for a later part)."""
     statuses = {e["status"] for e in exercises} | {result.status}
-    return "fail" if "fail" in statuses else "incomplete" if "incomplete" in statuses else "pass"
+    return "fail" if "fail" in statuses else "incomplete" if statuses & {"incomplete", "waits"} else "pass"
 
 
 def status_line(status: str, result: RunResult) -> str:
     """The last line of a run: 'complete' only when every case ran and passed."""
-    gpu = result.count("not graded")
+    gpu, waits = result.count("not graded"), result.count("waits")
     if status == "pass":
         return "status: complete (every case ran and passed)"
+    reasons = ([f"{gpu} case(s) need a GPU and were not graded"] if gpu else []) + (
+        [f"{waits} case(s) wait for a later part not written yet"] if waits else [])
     if status == "incomplete":
-        return (f"status: incomplete: {gpu} case(s) need a GPU and were not graded; nothing failed, "
-                "but this is not a pass until they run on a GPU (exit code 3)")
-    return "status: FAIL" + (f" ({gpu} more case(s) need a GPU and were not graded)" if gpu else "")
+        until = " and ".join((["they run on a GPU"] if gpu else []) + (["that part is written"] if waits else []))
+        return (f"status: incomplete: {'; '.join(reasons)}; nothing failed, but this is not a pass until "
+                f"{until} (exit code 3)")
+    return "status: FAIL" + (f" (and {'; '.join(reasons)})" if reasons else "")

@@ -25,19 +25,24 @@ PLUGIN = Path(__file__).with_name("plugin.py")
 # when it is not pip-installed (it sits next to practice/ in both editions).
 REPO = PRACTICE.parent
 RESERVED = {"conftest.py", "pytest.ini"}
+# Colour requests a run must not inherit: a Jupyter kernel sets FORCE_COLOR, and pytest then
+# writes colour codes into the very messages the learner reads as plain text.
+COLOUR_VARIABLES = ("FORCE_COLOR", "PY_COLORS", "CLICOLOR_FORCE")
 
 
 @dataclass
 class Case:
     case: str
-    outcome: str  # "pass", "fail" or "not graded"
+    outcome: str  # "pass", "fail", "not graded" (needs a GPU) or "waits" (a chapter's later part: chapter_run.py)
     message: str = ""
     seconds: float = 0.0
     exercise: str = ""  # the chapter exercise the case grades ("" for a problem's cases)
+    waits_for: str = ""  # outcome "waits": the later, unwritten part it stopped at
 
 
-# A run's status and the judge's exit code for it. A case that did not run is never a
-# pass: "incomplete" (nothing failed, some cases need a GPU this machine lacks) has its own code.
+# A run's status and the judge's exit code for it. A case that did not run to a verdict is
+# never a pass: "incomplete" (nothing failed, but some cases need a GPU this machine lacks
+# or wait for a later part not written yet) has its own code.
 EXIT_CODES = {"pass": 0, "fail": 1, "incomplete": 3}
 
 
@@ -64,10 +69,11 @@ class RunResult:
 
     @property
     def status(self) -> str:
-        """'pass' (every case ran and passed), 'incomplete' (nothing failed, some did not run) or 'fail'."""
+        """'pass' (every case ran and passed), 'incomplete' (nothing failed, some did not run
+        or wait for a later part) or 'fail'."""
         if not self.ok:
             return "fail"
-        return "incomplete" if self.count("not graded") else "pass"
+        return "incomplete" if self.count("not graded") or self.count("waits") else "pass"
 
     @property
     def exit_code(self) -> int:
@@ -75,8 +81,8 @@ class RunResult:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.update(passed=self.count("pass"), failed=self.count("fail"),
-                 not_graded=self.count("not graded"), ok=self.ok, status=self.status)
+        d.update(passed=self.count("pass"), failed=self.count("fail"), not_graded=self.count("not graded"),
+                 waits=self.count("waits"), ok=self.ok, status=self.status)
         return d
 
 
@@ -99,8 +105,7 @@ def run(problem: Problem, candidate: Path, *, hidden: bool = True, timeout: floa
         seal_work_dir(work)
         results = root / "results.jsonl"  # outside the learner's directory
         env = _environment(work / name, results, problem, threads)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
-               "--rootdir", str(work), *[p.name for p in tests if p.name.startswith("test_")]]
+        cmd = [*pytest_command(work), *[p.name for p in tests if p.name.startswith("test_")]]
         if select:
             cmd += ["-k", select]
         start = time.perf_counter()
@@ -111,6 +116,19 @@ def run(problem: Problem, candidate: Path, *, hidden: bool = True, timeout: floa
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return result
+
+
+def pytest_command(work: Path) -> list[str]:
+    """pytest in run directory ``work``: quiet, no cache, no colour."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
+            "-c", str(work / "pytest.ini"), "--rootdir", str(work)]
+
+
+def plain_environment(env: dict) -> dict:
+    """``env`` without colour requests, with colour turned off for pytest and the code under test."""
+    env = {k: v for k, v in env.items() if k not in COLOUR_VARIABLES}
+    env.update(PY_COLORS="0", NO_COLOR="1")
+    return env
 
 
 def seal_work_dir(work: Path) -> None:
@@ -133,7 +151,8 @@ def _copy_tests(problem: Problem, hidden_files: list[Path], work: Path) -> list[
 
 
 def _environment(candidate: Path, results: Path, problem: Problem, threads: int | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "COURSE_JUDGE_RESULTS")}
+    drop = ("PYTEST_ADDOPTS", "COURSE_JUDGE_RESULTS")
+    env = plain_environment({k: v for k, v in os.environ.items() if k not in drop})
     if threads and "OMP_NUM_THREADS" not in env:
         # Runs side by side must not each start a thread per core: OpenMP threads that
         # outnumber the cores spin against each other and slow every run down many times.
