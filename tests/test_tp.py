@@ -136,6 +136,19 @@ def test_wait_mode_drains_on_the_old_weights_with_every_rank(on_a, ckpts):
     assert_ranks_equal_cold(on_a, ckpts[1])
 
 
+def test_one_call_pauses_on_rank_0_updates_every_rank_and_continues(on_a, ckpts):
+    params = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    rids = [on_a.add_request(p, params) for p in PROMPTS]
+    on_a.step()
+    result = on_a.update_weights_from_disk(ckpts[1], weight_version="b", pause_mode="retract")
+    assert not on_a.paused and "pause" in result["timings_ms"] and "continue" in result["timings_ms"]
+    assert_ranks_equal_cold(on_a, ckpts[1])
+    done = set()
+    while on_a.has_unfinished_requests():
+        done |= {o["rid"] for o in on_a.step()}
+    assert done == set(rids)
+
+
 def test_busy_engine_refuses_and_no_rank_changes(on_a, ckpts):
     before = on_a.rank_parameters(1)
     on_a.add_request(PROMPTS[0], {"max_new_tokens": 4})

@@ -125,17 +125,17 @@ def receive(conn, process, timeout: float, who: str):
 
 
 def trainer_child(url: str, ckpts: list, device: str, every_s: float, max_updates: int, bucket_bytes: int,
-                  conn) -> None:
+                  conn, one_call: bool = False) -> None:
     """The trainer process; see the module docstring. Messages to the parent: ("ready", info),
     ("update", record) per update, ("done", None) or ("failed", traceback)."""
     try:
-        _train(url, ckpts, device, every_s, max_updates, bucket_bytes, conn)
+        _train(url, ckpts, device, every_s, max_updates, bucket_bytes, conn, one_call)
         conn.send(("done", None))
     except BaseException:  # noqa: BLE001 - the parent reports it
         conn.send(("failed", traceback.format_exc()))
 
 
-def _train(url, ckpts, device, every_s, max_updates, bucket_bytes, conn) -> None:
+def _train(url, ckpts, device, every_s, max_updates, bucket_bytes, conn, one_call: bool = False) -> None:
     from course_lib.server.client import EngineClient
     from course_lib.weights.checkpoint import CheckpointReader
     from course_lib.weights.transports.ipc import BucketSender
@@ -148,14 +148,16 @@ def _train(url, ckpts, device, every_s, max_updates, bucket_bytes, conn) -> None
         registered = RegisteredSender(weights[0], bucket_bytes, device, num_buffers=2)
         registered.epoch = client.register_weight_buffers(registered.registration())["epoch"]
         senders = {"registered": registered, "tensor": BucketSender(bucket_bytes, device)}
-        conn.send(("ready", {"buckets": registered.num_buckets}))
+        one_call = one_call and client.offers_one_call()  # the server's /sync_weights, where it has one
+        conn.send(("ready", {"buckets": registered.num_buckets, "one_call": one_call}))
         start, deadline = conn.recv()  # the parent's word: when the loaded phase starts and ends
         for k in range(1, max_updates + 1):
             at = start + k * every_s
             if at >= deadline:
                 break
             time.sleep(max(0.0, at - time.monotonic()))
-            conn.send(("update", one_update(client, k, ckpts, weights, senders)))
+            update = one_update_in_one_call if one_call else one_update
+            conn.send(("update", update(client, k, ckpts, weights, senders)))
         client.unregister_weight_buffers()
 
 
@@ -186,40 +188,85 @@ def one_update(client, k: int, ckpts, weights, senders) -> dict:
     return rec
 
 
-def send_update(client, transport: str, version: str, path, tensors, senders):
+def one_update_in_one_call(client, k: int, ckpts, weights, senders) -> dict:
+    """Update ``k`` as ``one_update`` does, with no call of its own for the pause, the flush
+    or the continue: the pause rides on the update's first message, the continue on its
+    last (``/sync_weights``); the engine's own flush and drain replace the client's."""
+    transport, mode = TRANSPORTS[(k - 1) % len(TRANSPORTS)], PAUSE_MODES[(k - 1) % len(PAUSE_MODES)]
+    target = k % len(ckpts)
+    rec = {"update": k, "transport": transport, "mode": mode, "version": f"u{k}", "checkpoint": target,
+           "own_ms": 0.0, "messages": 0, "error": None, "t_done": None, "one_call": True, "flush_tries": 0}
+    rec["t_pause_sent"] = rec["t_paused"] = rec["t_update_start"] = time.monotonic()
+    try:
+        for reply in send_update(client, transport, rec["version"], ckpts[target], weights[target], senders, mode):
+            rec["own_ms"] += reply.get("elapsed_ms", 0.0)
+            rec["messages"] += 1
+            rec.setdefault("num_aborted_requests", reply.get("num_aborted_requests", 0))
+        rec["t_update_end"] = rec["t_done"] = time.monotonic()
+    except Exception as exc:  # noqa: BLE001 - recorded; the server continued unless a weight changed
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+        try:
+            if client.health().get("paused"):  # a later message failed: serve on, as one_update does
+                client.continue_generation()
+        except Exception as again:  # noqa: BLE001
+            rec["error"] += f"; continue_generation failed too: {again}"
+    return rec
+
+
+def send_update(client, transport: str, version: str, path, tensors, senders, one_call_mode: str | None = None):
     """The update's replies, one per message; the version label changes with the last one,
-    which also flushes the prefix cache."""
+    which also flushes the prefix cache. ``one_call_mode``: each message goes to
+    ``/sync_weights``, the first pausing in that mode, the last continuing."""
     from course_lib.weights.transports import bucket, safe_pickle
 
     if transport == "disk":
-        yield client.update_weights_from_disk(path, weight_version=version, flush_cache=True)
+        yield send_one(client, "disk", {"model_path": str(path), "weight_version": version, "flush_cache": True},
+                       one_call_mode, first=True, last=True)
     elif transport == "tensor":
-        sender = senders["tensor"]
+        sender, first = senders["tensor"], True
         for receipt, payload in sender.payloads(tensors):
-            reply = client.update_weights_from_tensor([payload], load_format="flattened_bucket", flush_cache=False)
+            reply = send_one(client, "tensor", {"serialized_named_tensors": [payload], "load_format": "flattened_bucket",
+                                                "flush_cache": False}, one_call_mode, first=first, last=False)
             sender.release(receipt)  # the reply means the server is done reading it
+            first = False
             yield reply
         empty = safe_pickle.serialize(bucket.pack([]))
-        yield client.update_weights_from_tensor([empty], load_format="flattened_bucket", flush_cache=True,
-                                                weight_version=version)
+        yield send_one(client, "tensor", {"serialized_named_tensors": [empty], "load_format": "flattened_bucket",
+                                          "flush_cache": True, "weight_version": version},
+                       one_call_mode, first=first, last=True)
     else:
         sender = senders["registered"]
         for i, (receipt, message) in enumerate(sender.payloads(tensors)):
             last = i == sender.num_buckets - 1
-            reply = client.update_weights_from_registered(message["buckets"], message["epoch"],
-                                                          weight_version=version if last else None, flush_cache=last)
+            fields = {"buckets": message["buckets"], "epoch": message["epoch"],
+                      "weight_version": version if last else None, "flush_cache": last}
+            reply = send_one(client, "registered", fields, one_call_mode, first=i == 0, last=last)
             sender.release(receipt)
             yield reply
+
+
+SEPARATE = {"disk": "update_weights_from_disk", "tensor": "update_weights_from_tensor",
+            "registered": "update_weights_from_registered"}
+
+
+def send_one(client, transport: str, fields: dict, one_call_mode: str | None, first: bool, last: bool) -> dict:
+    """One message of an update: to its SGLang route, or to ``/sync_weights`` with the pause
+    (first message) and the continue (last message)."""
+    if one_call_mode is None:
+        return client.request("POST", "/" + SEPARATE[transport], json=fields)
+    return client.update_in_one_call(transport, pause_mode=one_call_mode if first else None,
+                                     resume=True if last else (False if first else None), **fields)
 
 
 class TrainerProcess:
     """``start()`` waits until it registered its buffers; ``go(start, deadline)`` lets it
     update; ``poll()`` collects the records that arrived; ``finish()`` waits for its end."""
 
-    def __init__(self, url: str, ckpts: list, device: str, every_s: float, max_updates: int, bucket_bytes: int):
+    def __init__(self, url: str, ckpts: list, device: str, every_s: float, max_updates: int, bucket_bytes: int,
+                 one_call: bool = False):
         self.parent, child = CTX.Pipe()
         self.process = CTX.Process(target=trainer_child, daemon=True, args=(
-            url, [str(p) for p in ckpts], device, every_s, max_updates, bucket_bytes, child))
+            url, [str(p) for p in ckpts], device, every_s, max_updates, bucket_bytes, child, one_call))
         self._child_end = child
         self.updates: list[dict] = []
         self.failure: str | None = None

@@ -72,6 +72,8 @@ def parse(argv):
     p.add_argument("--bucket-mb", type=float, default=64.0, help="the trainer's bucket size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline-only", action="store_true", help="no trainer, no updates: the baseline phase alone")
+    p.add_argument("--one-call", action="store_true", help="the trainer sends each update in one call where the "
+                   "server offers it (/sync_weights: the pause on its first message, the continue on its last)")
     p.add_argument("--trace", action="store_true", help="trace the server and the clients; explain gaps and "
                                                         "slow first tokens (see load_trace.py)")
     p.add_argument("--json", default=None)
@@ -216,8 +218,10 @@ def main(argv=None) -> dict:
                 run_load("warm-up", url, args, args.warmup_s, None, seed=args.seed + 7919)  # not the measured prompts
             if not args.baseline_only:
                 trainer = TrainerProcess(url, ckpts, args.device, args.update_every_s, args.max_updates,
-                                         max(4096, int(args.bucket_mb * (1 << 20)) // 4096 * 4096))  # aligned
-                res["registered_buckets"] = trainer.start()["buckets"]
+                                         max(4096, int(args.bucket_mb * (1 << 20)) // 4096 * 4096),  # aligned
+                                         one_call=args.one_call)
+                ready = trainer.start()
+                res["registered_buckets"], res["one_call"] = ready["buckets"], ready["one_call"]
             base = traced_load("baseline, no updates", url, args, args.baseline_s, None, server, traces, "baseline")
             if trainer is not None:
                 loaded = traced_load("with updates", url, args, args.duration_s, trainer, server, traces,

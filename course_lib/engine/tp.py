@@ -37,6 +37,7 @@ from course_lib.config import EngineConfig, is_cuda
 from course_lib.engine.engine import Engine
 from course_lib.engine.tp_worker import (SeqView, WorkerError, _device_for, _init_group, leave_group,
                                          share_cpu_tensors, worker_main)
+from course_lib.update.one_call import asks_for_one_call, with_pause
 from course_lib.update.records import UpdateOptions
 from course_lib.update.sources import UpdateSource
 from course_lib.update.updater import REFUSALS
@@ -217,6 +218,10 @@ class TPEngine(Engine):
         resharded pieces), every rank still takes them (``refuse_with``) and refuses too,
         so nothing changes anywhere and no sender hangs; the original refusal is raised."""
         options = options or UpdateOptions()
+        if asks_for_one_call(options):  # the pause and the continue are rank 0's (it has the requests)
+            plain = replace(options, pause_mode=None, resume=None)
+            return with_pause(self.pause, self.continue_generation, lambda: self.update(source, plain), options,
+                              lambda: self.unhealthy is None)
         try:
             self.pause.refuse_if_busy(options.abort_all_requests)
             if self.pause.paused and self.pause.pause_mode == "wait":

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
+from dataclasses import replace
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from course_lib.engine.sequence import SamplingParams
@@ -289,10 +293,39 @@ def add_update_route(app: FastAPI, engine, worker: EngineWorker, path: str, body
     app.post(path, name=path.strip("/"))(route)
 
 
+async def json_body(request: Request) -> dict:
+    """The request's JSON object, or a 400 ``bad_json`` / 422 naming what is wrong."""
+    try:
+        fields = json.loads(await request.body() or b"{}")
+    except ValueError as exc:
+        raise ApiError(400, "bad_json", f"request body is not valid JSON ({exc})") from None
+    if not isinstance(fields, dict):
+        raise ApiError(422, "invalid_request", "body: the request must be a JSON object")
+    return fields
+
+
 def add_update_routes(app: FastAPI, engine, worker: EngineWorker) -> None:
-    """Updates (``UPDATE_ROUTES``), and the version label."""
+    """Updates (``UPDATE_ROUTES``), one call per update (``/sync_weights``), the version label."""
     for path, (body, build, cancellable) in UPDATE_ROUTES.items():
         add_update_route(app, engine, worker, path, body, build, cancellable)
+
+    @app.post("/sync_weights")
+    async def sync_weights(request: Request):
+        """Ours, beside SGLang's routes: one request carries an update (``transport`` and that
+        route's own fields) and how requests in flight are treated (``pause_mode``, ``resume``):
+        the engine pauses, updates and continues between two of its steps (``update/one_call.py``)."""
+        fields = await json_body(request)
+        try:  # the same checks, and the same 422, as a route's own body gets
+            call = s.OneCallRequest.model_validate(fields)
+            body, build, cancellable = UPDATE_ROUTES[f"/update_weights_from_{call.transport}"]
+            req = body.model_validate(fields)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        source = await build(req, engine)
+        options = replace(update_options(req), pause_mode=call.pause_mode, resume=call.resume)
+        if cancellable:
+            return await call_unless_disconnected(worker, request, lambda e: e.update(source, options))
+        return await worker.call(lambda e: e.update(source, options))
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: s.VersionRequest):

@@ -117,6 +117,27 @@ class EngineClient:
     def unregister_weight_buffers(self) -> dict:
         return self.request("POST", "/unregister_weight_buffers", json={})
 
+    def update_in_one_call(self, transport: str, pause_mode: str | None = None, resume: bool | None = None,
+                           **fields) -> dict:
+        """One request for an update and the pause around it (``/sync_weights``, ours):
+        ``transport`` ("disk", "tensor", "registered" or "distributed") and that route's
+        fields; the server pauses in ``pause_mode``, updates, and continues (``resume``;
+        None: when it paused). Several messages of one update: the pause on the first, the
+        continue (``resume=True``) on the last. Raises ``EngineError`` as any update does."""
+        return self.request("POST", "/sync_weights", json={
+            "transport": transport, "pause_mode": pause_mode, "resume": resume, **fields})
+
+    def offers_one_call(self) -> bool:
+        """Whether the server has ``/sync_weights`` (SGLang's does not: 404), asked once."""
+        if not hasattr(self, "_one_call"):
+            try:
+                self.request("POST", "/sync_weights", json={})
+            except EngineError as exc:
+                self._one_call = exc.status != 404  # ours refuses an empty body with 422
+            else:
+                self._one_call = True
+        return self._one_call
+
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = "weight_update_group", backend: str | None = None) -> dict:
         return self.request("POST", "/init_weights_update_group", json={

@@ -18,7 +18,7 @@ WEIGHT_ROUTES = frozenset({
     "/pause_generation", "/continue_generation", "/update_weights_from_disk", "/update_weights_from_tensor",
     "/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group",
     "/update_weight_version", "/register_weight_buffers", "/update_weights_from_registered",
-    "/unregister_weight_buffers",
+    "/unregister_weight_buffers", "/sync_weights",
 })
 OPEN_ROUTES = frozenset({"/health"})
 

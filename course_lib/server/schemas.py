@@ -11,6 +11,7 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -62,6 +63,13 @@ class TensorUpdateRequest(Body):
     flush_cache: bool = True
     weight_version: Version = None
     abort_all_requests: bool = False
+
+
+class OneCallRequest(Body):
+    """``/sync_weights``: which update route's fields the body also holds, and the pause around it."""
+    transport: Literal["disk", "tensor", "registered", "distributed"]
+    pause_mode: str | None = None   # abort / wait / keep / in_place / retract; None: no pause
+    resume: bool | None = None      # continue afterwards (None: when this call paused)
 
 
 class RegisterRequest(Body):

@@ -64,32 +64,32 @@ COMMON = "flush_cache weight_version abort_all_requests wait_timeout_s"
 
 METHODS = (
     Method("update_weights_from_disk", DiskSource,
-           "model_path weight_version flush_cache abort_all_requests partial staging keep_snapshot wait_timeout_s",
+           "model_path weight_version flush_cache abort_all_requests partial staging keep_snapshot wait_timeout_s pause_mode resume",
            "Load new weights from a Hugging Face checkpoint directory, in place, between two steps."),
     Method("update_weights_from_tensor", TensorSource,
-           "named_tensors load_format flush_cache weight_version abort_all_requests check_finite wait_timeout_s",
+           "named_tensors load_format flush_cache weight_version abort_all_requests check_finite wait_timeout_s pause_mode resume",
            "Load tensors handed over in memory (a co-located trainer), in place."),
     Method("update_weights_from_registered", RegisteredSource,
-           "buckets epoch weight_version flush_cache abort_all_requests wait_timeout_s",
+           "buckets epoch weight_version flush_cache abort_all_requests wait_timeout_s pause_mode resume",
            "Copy registered buckets (bucket numbers the trainer has written) into the weights, as one update."),
     Method("update_weights_from_distributed", BroadcastSource,
            "names dtypes shapes group_name flush_cache weight_version load_format abort_all_requests check_finite "
-           "wait_timeout_s refuse_with",
+           "wait_timeout_s refuse_with pause_mode resume",
            "Receive tensors the trainer broadcasts (rank 0 of the group) and load them in place."),
     Method("update_weights_resharded", ReshardSource,
            "plan group_name weight_version flush_cache abort_all_requests refuse_with trainer_group_ranks "
-           "engine_group_ranks wait_timeout_s",
+           "engine_group_ranks wait_timeout_s pause_mode resume",
            "Receive this rank's pieces of a trainer's tensor-parallel layout and load them."),
-    Method("update_weights_sparse", SparseSource, f"payload {COMMON}",
+    Method("update_weights_sparse", SparseSource, f"payload {COMMON} pause_mode resume",
            "Apply a sparse payload: only changed elements, in checkpoint coordinates."),
     Method("update_weights_from_delta", DeltaSource,
            "base_dir delta_path weight_version base_version flush_cache abort_all_requests staging keep_snapshot "
-           "tmp_dir wait_timeout_s",
+           "tmp_dir wait_timeout_s pause_mode resume",
            "Rebuild a checkpoint from a base on shared disk plus a byte delta, and load it."),
     Method("receive_weights_from_remote", RemoteSource,
-           "master_address master_port group_name backend weight_version timeout_s",
+           "master_address master_port group_name backend weight_version timeout_s pause_mode resume",
            "Join a serving engine's seeding group, receive every weight, load them and become ready."),
-    Method("rollback", SnapshotSource, "flush_cache abort_all_requests",
+    Method("rollback", SnapshotSource, "flush_cache abort_all_requests pause_mode resume",
            "Restore the host snapshot (bitwise the old weights, version and runtime config), in place."),
 )
 

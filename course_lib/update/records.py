@@ -35,6 +35,12 @@ class UpdateOptions:
     # Refuse with this message, after taking any bytes a sender is already pushing: a
     # tensor-parallel rank whose rank 0 refused (every rank takes the broadcast, none applies it).
     refuse_with: str | None = None
+    # One call per update (``update/one_call.py``): pause generation in this mode first
+    # (None: no pause; an update while requests run unpaused is refused), and continue it
+    # afterwards (None: when this call paused). A failed call continues only where no
+    # weight of this pause changed.
+    pause_mode: str | None = None
+    resume: bool | None = None
 
 
 @dataclass(frozen=True)

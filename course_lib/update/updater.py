@@ -36,6 +36,7 @@ from course_lib.config import EngineConfig, ModelConfig
 from course_lib.layers.quant import kernel_tensors, pending_layers
 from course_lib.layers.rotary import RotaryEmbedding
 from course_lib.history import UPDATE_HISTORY_SIZE, History
+from course_lib.update.one_call import asks_for_one_call, with_pause
 from course_lib.update.port import Parts, UpdatePort
 from course_lib.update.records import (AUDIT_ALL, Applied, Audit, PartialWrite, PhaseTimer, Snapshot, UpdateOptions,
                                        UpdatePlan, UpdateResult)
@@ -89,8 +90,14 @@ class Updater:
 
     # ---- the transaction ---------------------------------------------------------------------
     def update(self, source: UpdateSource, options: UpdateOptions | None = None) -> dict:
-        """Run one update (module docstring); returns SGLang's reply with our fields."""
+        """Run one update (module docstring); returns SGLang's reply with our fields. With
+        ``options.pause_mode`` / ``resume``, the pause and the continue too (one call per
+        update: ``update/one_call.py``)."""
         options = options or UpdateOptions()
+        if asks_for_one_call(options):
+            plain = replace(options, pause_mode=None, resume=None)
+            return with_pause(self.pause, self.continue_generation, lambda: self.update(source, plain), options,
+                              lambda: self.unhealthy is None)
         timer = PhaseTimer()
         port = self.port
         plan = self._plan(source, options, port, timer)
