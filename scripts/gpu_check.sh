@@ -18,6 +18,10 @@
 #   bash scripts/gpu_check.sh serve-load  64 streaming clients through updates every 2 s for 5 min at ~1.7B, 512 MB buckets (FastAPI wheels: scripts/server_wheels.sh)
 #   bash scripts/gpu_check.sh serve-baseline  the same 64 clients at ~1.7B with no updates, BASELINE_S (75) s, traced:
 #                                      each long gap and slow first token explained (about 3 minutes in all)
+#   bash scripts/gpu_check.sh verify   every CUDA test, then judge.py check on the chapters and problems that have CUDA
+#                                      cases (CHAPTERS to choose; about 5 minutes): an engine change, checked in one call
+#   bash scripts/gpu_check.sh serve-one-call  the load test with each update in one call (/sync_weights) at ~1.7B:
+#                                      BASELINE_S (30) s without, DURATION_S (40) s with an update every 2 s (about 3 minutes)
 #   bash scripts/gpu_check.sh serving  every CUDA test, ~8B decode (profiled), first token and
 #                                      hot update (hot-vs-cold), in-process updates
 #   bash scripts/gpu_check.sh mutate   judge.py mutate: every mutant (cosmic-ray's operators and the judge's) of
@@ -136,6 +140,19 @@ if [ "${1:-}" = "serve-load" ]; then
     # python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
     python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --update-every-s 2 \
         --duration-s "${DURATION_S:-300}" --bucket-mb "${BUCKET_MB:-512}" --json "$out/serve_load_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_load_qwen3-1.7b.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "verify" ]; then
+    timeout "${TESTS_S:-240}" python -m pytest -m cuda -q -p no:cacheprovider -rfEs 2>&1 | tee "$out/pytest_cuda.log" \
+        | tail -25 || status=1
+    timeout "${CHECK_S:-330}" python practice/judge.py check --jobs "${JOBS:-14}" \
+        ${CHAPTERS:-ch03 ch04 ch05 ch09 fast-bucket-update} 2>&1 | tee "$out/judge_check.log" | tail -12 || status=1
+    exit $status
+fi
+if [ "${1:-}" = "serve-one-call" ]; then
+    python -m course_lib.bench serve-load --preset qwen3-1.7b --device cuda --clients 64 --update-every-s 2 --one-call \
+        --baseline-s "${BASELINE_S:-30}" --duration-s "${DURATION_S:-40}" --bucket-mb "${BUCKET_MB:-512}" \
+        --json "$out/serve_one_call_qwen3-1.7b.json" 2>&1 | grep -v "s/s]" | tee "$out/serve_one_call_qwen3-1.7b.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "serve-baseline" ]; then
