@@ -136,7 +136,13 @@ class UpdatePort:
         """A tensor-parallel rank: its weights hold only a shard of each tensor."""
         return getattr(self.model, "tp_size", 1) > 1
 
-    def synchronize(self) -> None:
-        """Wait for every copy queued on this rank's device (nothing to wait for on a CPU)."""
-        if self.is_cuda:
+    def synchronize(self, stream_only: bool = False) -> None:
+        """Wait for every copy queued on this rank's device, or (``stream_only``) on its
+        current stream alone, where the writer queued everything it launched: a stream's
+        wait is cheaper than the device's. Nothing to wait for on a CPU."""
+        if not self.is_cuda:
+            return
+        if stream_only:
+            torch.cuda.current_stream(self.device).synchronize()
+        else:
             torch.cuda.synchronize(self.device)

@@ -50,17 +50,18 @@ def pick(candidates) -> tuple[str, dict]:
 
 
 def copy_audit_sync(port: UpdatePort, timer: PhaseTimer, launch: Callable[[], None],
-                    check: Callable[[], None], wait: bool = True) -> Applied:
+                    check: Callable[[], None], wait: bool = True, stream_only: bool = False) -> Applied:
     """Launch the copies, check on the host that every destination is where kernels read
     (while the device copies), then wait for the copies unless ``wait`` is False (the
-    caller ordered what reuses the source after them on the device). The check raises
-    ``AddressMovedError``. Returns the audit as done."""
+    caller ordered what reuses the source after them on the device); ``stream_only``: the
+    copies are all on the current stream (a copy table's), so only it is waited for. The
+    check raises ``AddressMovedError``. Returns the audit as done."""
     launch()
     timer.lap("copy")  # the launches (on a CPU, the copies themselves)
     check()
     timer.lap("audit")
     if wait:
-        port.synchronize()
+        port.synchronize(stream_only)
     timer.lap("copy")
     return Applied(AUDIT_NONE)
 
@@ -136,7 +137,7 @@ def write_cached_bucket(port: UpdatePort, plan: UpdatePlan, bound, timer: PhaseT
     the wait (the sender reuses the buffer next). The check is the audit of these
     parameters (identity, stride included, with the storages the table holds)."""
     return copy_audit_sync(port, timer, bound.copy, lambda: _stayed(bound.moved_destination(), "a flattened bucket"),
-                           wait)
+                           wait, stream_only=True)
 
 
 def write_received_bucket(port: UpdatePort, plan: UpdatePlan, received, timer: PhaseTimer) -> Applied:
@@ -167,7 +168,7 @@ def write_registered(port: UpdatePort, plan: UpdatePlan, registered, timer: Phas
             table.check_destinations(numbers)
         except RegistrationError as exc:  # cannot happen unless a copy rebinds: say so loudly
             raise AddressMovedError(str(exc)) from exc
-    return copy_audit_sync(port, timer, lambda: table.copy(numbers, mode), check)
+    return copy_audit_sync(port, timer, lambda: table.copy(numbers, mode), check, stream_only=True)
 
 
 # ---- writers of one transport each ----------------------------------------------------------
