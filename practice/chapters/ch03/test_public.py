@@ -243,6 +243,28 @@ def test_layerwise_buffer_refuses_an_unexpected_or_repeated_name(ckpts):
 
 
 @LAYERWISE
+def test_layerwise_buffer_holds_at_most_one_layer_and_gives_every_byte_back(ckpts):
+    """The point of the buffer: whatever the model's size, it holds about one layer. Fed a
+    whole update layer by layer, the bytes it counts as held never pass the largest layer's,
+    and once the last layer is written it holds (and counts) nothing."""
+    a, b = ckpts
+    engine = Engine(a)
+    new = dict(CheckpointReader(b).iter_tensors())
+    reload = LayerwiseReload(engine.model, list(new), "cpu")
+    layers: dict[str, int] = {}
+    for name, t in new.items():
+        layers[layer_key(name)] = layers.get(layer_key(name), 0) + t.numel() * t.element_size()
+    for name in sorted(new, key=lambda n: list(layers).index(layer_key(n))):  # one layer after another
+        reload.feed(name, new[name].clone())
+        assert reload.held_bytes <= max(layers.values()), \
+            f"after {name}: {reload.held_bytes} bytes held, more than the largest layer's {max(layers.values())}"
+    assert reload.held_bytes == 0, f"every layer is written, yet {reload.held_bytes} bytes are still counted as held"
+    assert not reload.buffers, "every layer is written, yet tensors are still buffered"
+    assert 0 < reload.peak_held_bytes <= max(layers.values()), \
+        f"the peak counted ({reload.peak_held_bytes} bytes) is not within one layer ({max(layers.values())})"
+
+
+@LAYERWISE
 def test_layerwise_buffer_disk_update_equals_cold_start_holding_about_one_layer(ckpts):
     a, b = ckpts
     engine = Engine(a)

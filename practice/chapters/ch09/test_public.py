@@ -119,6 +119,25 @@ def test_host_snapshot__restored_after_an_update_gives_back_weights_and_version(
     assert_hot_equals_cold(engine, ckpts["old"], PROMPTS[:2], max_new_tokens=4)
 
 
+@SNAPSHOT
+def test_host_snapshot__restores_the_runtime_config_an_update_changed(ckpts, tmp_path):
+    """The chapter's warning: an update may change ``rope_theta`` (and the token ids) in
+    place; a rollback that put the old weights back with the new ``rope_theta`` would serve
+    wrong outputs and raise nothing."""
+    engine = Engine(ckpts["old"])
+    reader = CheckpointReader(ckpts["new"])
+    config = reader.config
+    config.rope_theta = engine.model_config.rope_theta * 4
+    new = write_checkpoint(tmp_path / "new-theta", config, dict(reader.iter_tensors()))
+    engine.take_snapshot()
+    engine.update_weights_from_disk(new, weight_version="v2")
+    assert engine.model_config.rope_theta == config.rope_theta, "the update applied the new rope_theta"
+    engine.rollback()
+    assert engine.model_config.rope_theta == CheckpointReader(ckpts["old"]).config.rope_theta, \
+        "after the rollback the runtime config is the snapshot's: take a copy of it, not the live object"
+    assert_hot_equals_cold(engine, ckpts["old"], PROMPTS[:2], max_new_tokens=4)
+
+
 @ROLLBACK
 def test_rollback__a_bad_version_is_rolled_back(ckpts):
     engine = Engine(ckpts["old"])
