@@ -252,6 +252,20 @@ def cmd_speed(args) -> int:
     return 3 if any(r["status"] == "not measured here" for r in records) else 0
 
 
+def cmd_cost(args) -> int:
+    """A chapter's speed part, its cost proxies counted here (any machine) beside the reference's."""
+    from judging import cost
+
+    all_chapters = {ch.id: ch for ch in chapters.all_chapters()}
+    with_costs = [c for c, ch in all_chapters.items() if cost.cost_file(ch.path)]
+    names = args.names or with_costs
+    unknown = [n for n in names if n not in with_costs]
+    if unknown:
+        raise UsageError(f"no cost proxies for {', '.join(unknown)} (chapters with them: {', '.join(with_costs)})")
+    codes = [cost.report(n, cost.cost_file(all_chapters[n].path), Path(args.root).resolve()) for n in names]
+    return max(codes)
+
+
 def cmd_board(args) -> int:
     from judging import speed
 
@@ -358,6 +372,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=str(REPO), help="the course whose course_lib is measured (default: this one)")
     p.add_argument("--file", help="a body for the chapter's speed part, measured in a copy of this course")
     p.add_argument("--json", action="store_true", help="machine-readable records on stdout")
+    p = sub.add_parser("cost", help="a chapter's speed part on any machine: copies, allocations, host waits, "
+                                    "operations, beside the reference's (not a grade)")
+    p.add_argument("names", nargs="*", metavar="CHAPTER", help="chapters (default: every one with cost proxies)")
+    p.add_argument("--root", default=str(REPO), help="the course whose course_lib is counted (default: this one)")
     p = sub.add_parser("board", help="instructors: a class leaderboard of the speed parts from gradebook.json files")
     p.add_argument("results", help="a folder holding gradebook.json files (judge.py grade --speed)")
     p = sub.add_parser("release", help="copy the student edition of practice/ (no answers, no hidden tests)")
