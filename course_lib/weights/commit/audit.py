@@ -85,9 +85,13 @@ class AddressAudit:
 
     @classmethod
     def record(cls, model: nn.Module, extra: dict[str, torch.Tensor] | None = None) -> "AddressAudit":
-        """The audit of ``model``'s kernel tensors plus ``extra`` (the KV pool, graph outputs)."""
+        """The audit of ``model``'s kernel tensors plus ``extra`` (the KV pool, graph outputs).
+        Whether chapter 04's parts are written is asked here, once, when the engine is built."""
         if is_written(cls.__init__, "ch04.record_addresses"):
-            return cls(kernel_tensors(model, extra))
+            audit = cls(kernel_tensors(model, extra))
+            if not is_written(cls.violations, "ch04.address_audit"):
+                audit.unwritten = "ch04.address_audit"
+            return audit
         audit = cls.__new__(cls)  # before chapter 04: an audit that records nothing, and says so
         audit.recorded, audit.unwritten = {}, "ch04.record_addresses"
         return audit
@@ -135,8 +139,7 @@ class AddressAudit:
     def verify(self, model: nn.Module, extra: dict[str, torch.Tensor] | None = None,
                only: set[str] | None = None) -> None:
         """Raise AddressMovedError naming what moved (nothing moved: return)."""
-        unwritten = self.unwritten or ("ch04.address_audit" if not is_written(type(self).violations,
-                                                                          "ch04.address_audit") else None)
+        unwritten = self.unwritten
         if unwritten:
             # Before chapter 04 the audit is the learner's to write: say once that updates
             # go unaudited rather than stop every earlier chapter's update here.
