@@ -103,7 +103,8 @@ class LayerwiseReload:
         - with ``self.check_finite``, a layer holding a NaN or infinite value is refused with
           ``UpdateError`` (``check_finite`` names the tensor) before any of its weights
           change: when that tensor arrives, or at the latest when its layer is complete.
-          After such a refusal the update is over (the caller puts back what was written);
+          After such a refusal the update is over (the caller puts back what was written).
+          Without ``self.check_finite`` values are written as they come;
         - what is held: only tensors of layers not yet written, on the engine's device, as
           ``self.buffers`` (no entry for a layer with nothing held); once a layer is
           written the reload keeps no reference to any of its tensors;

@@ -78,10 +78,10 @@ def test_quantize_int8_refuses_a_weight_that_is_not_2d_or_not_finite():
 @FP8
 def test_quantize_fp8_known_tiles_to_the_bit():
     """block=2 on a 3 x 3 weight: four tiles, three of them partial. Tile (0, 0) has max 448,
-    so scale 1 and its values are cast as they are (152 lies halfway between e4m3's 144 and
-    160: ties to even give 160); tile (0, 1) is [1, 3] (scale 3 / 448: 1 -> 149.3 -> 144);
+    so scale 1 and its values are cast as they are (3.3 -> 3.25, e4m3's nearest; 152 lies
+    halfway between 144 and 160: ties to even give 160); tile (0, 1) is [1, 3] (scale 3 / 448: 1 -> 149.3 -> 144);
     tile (1, 0) is [0.5, -0.75]; tile (1, 1) is all zero (scale 1)."""
-    w = torch.tensor([[448.0, 224.0, 1.0], [-448.0, 152.0, 3.0], [0.5, -0.75, 0.0]])
+    w = torch.tensor([[448.0, 3.3, 1.0], [-448.0, 152.0, 3.0], [0.5, -0.75, 0.0]])
     q, scale = quantize_fp8_block(w, block=2)
     assert q.dtype == torch.float8_e4m3fn and q.shape == (3, 3) and scale.shape == (2, 2), \
         f"expected float8_e4m3fn [3, 3] and scales [2, 2], got {q.dtype} {list(q.shape)} and {list(scale.shape)}"
@@ -89,7 +89,7 @@ def test_quantize_fp8_known_tiles_to_the_bit():
     got_scale = scale.tolist()
     assert all(abs(g - e) <= 1e-7 * e for gr, er in zip(got_scale, want_scale) for g, e in zip(gr, er)), \
         f"expected tile scales {want_scale} (max|tile| / 448, 1 for an all-zero tile), got {got_scale}"
-    want = [[448.0, 224.0, 144.0], [-448.0, 160.0, 448.0], [288.0, -448.0, 0.0]]
+    want = [[448.0, 3.25, 144.0], [-448.0, 160.0, 448.0], [288.0, -448.0, 0.0]]
     assert q.float().tolist() == want, \
         f"expected {want} (w / scale, clamped to +-448, cast: nearest, ties to even), got {q.float().tolist()}"
 
@@ -317,18 +317,46 @@ def test_layerwise_buffer_writes_a_layer_exactly_when_its_last_tensor_arrives_an
 
 @LAYERWISE
 def test_layerwise_buffer_refuses_an_unexpected_or_repeated_name_changing_nothing(ckpts):
+    """Refused: a name the update does not bring, one fed a moment ago, one of a layer
+    already written. Nothing moves (``_transfer`` is not called), is held, counted or written."""
     a, b = ckpts
     engine = Engine(a)
     new = dict(CheckpointReader(b).iter_tensors())
     reload = LayerwiseReload(engine.model, list(new), "cpu")
+    moved, transfer = [], reload._transfer
+    reload._transfer = lambda t: moved.append(t) or transfer(t)
+    for name in [n for n in new if layer_key(n) == "model.norm.weight"]:
+        reload.feed(name, new[name].clone())  # the final norm: a layer of one tensor, written at once
     name = "model.layers.1.mlp.up_proj.weight"
     reload.feed(name, new[name])
-    held = (reload.held_bytes, {k: [n for n, _ in v] for k, v in reload.buffers.items()})
-    for bad in ("model.layers.0.mlp.not_a_proj.weight", name):
+    held = (len(moved), reload.held_bytes, {k: [n for n, _ in v] for k, v in reload.buffers.items()}, list(reload.applied))
+    start = _layer_snapshot(engine.model)
+    for bad in ("model.layers.0.mlp.not_a_proj.weight", name, "model.norm.weight"):
         with pytest.raises(UpdateError):
             reload.feed(bad, new[name].clone())
-        now = (reload.held_bytes, {k: [n for n, _ in v] for k, v in reload.buffers.items()})
-        assert now == held, f"a refused name ({bad}) must change nothing: held {held}, now {now}"
+        now = (len(moved), reload.held_bytes, {k: [n for n, _ in v] for k, v in reload.buffers.items()}, list(reload.applied))
+        assert now == held, (f"a refused name ({bad}) must change nothing (tensors moved, bytes held, buffers, "
+                             f"layers written): before {held}, after {now}")
+    assert all(torch.equal(t, start[n]) for n, t in _layer_snapshot(engine.model).items()), "a refused name wrote a weight"
+
+
+@LAYERWISE
+def test_layerwise_buffer_counts_what_it_holds_when_layers_interleave(ckpts):
+    """A tensor of layer 1 arrives before layer 0 is complete: once layer 0 is written, that
+    tensor (and only it) is still held and counted."""
+    a, b = ckpts
+    engine = Engine(a)
+    new = dict(CheckpointReader(b).iter_tensors())
+    reload = LayerwiseReload(engine.model, list(new), "cpu")
+    layer0 = [n for n in new if layer_key(n) == "model.layers.0"]
+    early = "model.layers.1.mlp.down_proj.weight"
+    for name in layer0[:-1] + [early, layer0[-1]]:
+        reload.feed(name, new[name].clone())
+    size = new[early].numel() * new[early].element_size()
+    assert reload.applied == ["model.layers.0"], f"exactly layer 0 is written, got {reload.applied}"
+    assert [n for n, _ in reload.buffers.get("model.layers.1", [])] == [early] and len(reload.buffers) == 1, \
+        f"only {early} is still held, buffers: { {k: [n for n, _ in v] for k, v in reload.buffers.items()} }"
+    assert reload.held_bytes == size, f"{early} ({size} bytes) is held, {reload.held_bytes} bytes are counted"
 
 
 @LAYERWISE
@@ -347,6 +375,11 @@ def test_layerwise_buffer_refuses_a_layer_with_nan_before_any_of_its_weights_cha
             reload.feed(name, new[name])
     changed = {layer_key(n) for n, t in _layer_snapshot(engine.model).items() if not torch.equal(t, start[n])}
     assert not changed, f"a layer holding NaN must be refused before any weight changes, changed: {sorted(changed)}"
+    reload = LayerwiseReload(engine.model, list(new), "cpu", check_finite=False)
+    reload.feed(names[0], poisoned)
+    for name in names[1:]:
+        reload.feed(name, new[name])
+    assert reload.applied == ["model.layers.1"], "with check_finite=False a layer is written as it comes, NaN and all"
 
 
 @LAYERWISE
