@@ -159,7 +159,7 @@ def requantize(method: str, kinds: list, rounds: list, allow_pending: list, dtyp
     """Rounds of an update on layers ``kinds`` (see ``_pass_layers``): in each, stage per
     layer ``rounds[r][i]`` ([shard indices], "float" | "nan"; no shards: nothing for that
     layer), then run the model's requantization (``process_weights_after_loading`` with
-    ``allow_pending[r]``). After each: what it returned or which error; per layer the kernel
+    ``allow_pending[r]``, None: left out). After each: what it returned or which error; per layer the kernel
     tensors' bytes, whether they changed and are still the same objects at the same
     addresses, the staged weight left (its bytes) and the shard ids; how many staged floats
     of this round are still alive; whether every quantizer call found the staged weights
@@ -193,7 +193,9 @@ def requantize(method: str, kinds: list, rounds: list, allow_pending: list, dtyp
         m.quantize = quantize
         before = [(digest(t.qweight), digest(t.weight_scale)) for t in layers]
         try:
-            got = quant.process_weights_after_loading(holder, allow_pending=allow_pending[r % len(allow_pending)])
+            pending = allow_pending[r % len(allow_pending)]  # None: the argument left out (its default)
+            got = (quant.process_weights_after_loading(holder) if pending is None
+                   else quant.process_weights_after_loading(holder, allow_pending=pending))
             entry = {"returned": got if isinstance(got, list) else repr(got), "quantize_calls": len(calls)}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
             entry = {"raised": type(exc).__name__}
@@ -310,7 +312,7 @@ def _feed_plan(bring: list, order: str, faults: list, stop_short: int, gen) -> l
 
 def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_names: list, order: str,
               faults: list, stop_short: int = 0, layout: str = "contiguous", dtype: str = "as_checkpoint",
-              check_finite: bool = True, device: str = "cpu") -> list:
+              check_finite: bool | None = True, device: str = "cpu") -> list:
     """Feed a LayerwiseReload on a tiny model (``config``: an index into the configs above;
     ``quantization``: None, "int8" or "fp8"). The update brings the new checkpoint's layers
     ``bring_layers`` (indices into its layers in order; empty: every layer) less the names
@@ -318,7 +320,7 @@ def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_nam
     whole, so its update brings all its shards), fed as ``_feed_plan`` says. ``layout``:
     "contiguous" or "transposed" (2-D tensors fed as non-contiguous views); ``dtype``:
     "as_checkpoint" or a float dtype the tensors are fed in; ``check_finite``: the reload's
-    option.
+    option (None: left out).
     After each feed: what it returned or which error; which layers of the model changed;
     held and peak bytes; the buffers ({layer: [[name, bytes digest, dtype, device, whether
     it is the very tensor fed]]}, layers with tensors waiting); the layers applied; how many
@@ -346,7 +348,9 @@ def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_nam
     others = [n for n in new if n not in bring] + ["model.layers.0.mlp.extra_proj.weight",
                                                    "model.layers.99.mlp.up_proj.weight", "model.unknown.weight"]
     plan = _feed_plan(bring, order, faults, stop_short, gen)
-    reload = LayerwiseReload(model, list(bring), device, check_finite=check_finite)
+    option = {} if check_finite is None else {"check_finite": check_finite}  # None: left out (its default)
+    reload = LayerwiseReload(model, list(bring), device, **option)
+    check_finite = check_finite is not False
     fed_names = {n for k, n in plan if k in ("feed", "nan")}
     completes = {key for key in {layer_key(n) for n in bring} if all(n in fed_names for n in bring if layer_key(n) == key)}
     watched = _Watched(reload, model, completes)

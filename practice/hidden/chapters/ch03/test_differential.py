@@ -114,7 +114,7 @@ def passes(draw):
         return st.tuples(arrive, st.sampled_from(["float", "float", "float", "nan"])).map(list)
     rounds = [[draw(spec(k[0])) for k in kinds] for _ in range(draw(st.integers(1, 3)))]
     return {"method": draw(st.sampled_from(["int8", "fp8"])), "kinds": kinds, "rounds": rounds,
-            "allow_pending": draw(st.lists(st.booleans(), min_size=1, max_size=3)),
+            "allow_pending": draw(st.lists(st.sampled_from([True, False, None]), min_size=1, max_size=3)),
             "dtype": draw(st.sampled_from(["float32", "bfloat16", "float16"])), "seed": draw(st.integers(0, 10_000))}
 
 
@@ -134,8 +134,8 @@ ALL = [0, 1, 2]
 # q alone, then (with allow_pending) the rest in a second round.
 @example(case=a_pass([["qkv", 2, 3], ["plain", 2, 2]], [[[[0], "float"], [[0], "float"]], [[[1, 2], "float"], [[], "float"]]],
                      allow_pending=[True, False], method="fp8"))
-# The same without allow_pending: refused whole, nothing written, nothing kept.
-@example(case=a_pass([["plain", 2, 2], ["qkv", 2, 3]], [[[[0], "float"], [[0], "float"]]]))
+# The same without allow_pending (left out: its default): refused whole, nothing written, nothing kept.
+@example(case=a_pass([["plain", 2, 2], ["qkv", 2, 3]], [[[[0], "float"], [[0], "float"]]], allow_pending=[None]))
 # A NaN in the last layer: the first one must not have been written.
 @example(case=a_pass([["plain", 3, 4], ["merged", 2, 2]], [[[[0], "float"], [[0, 1], "nan"]]], dtype="float32"))
 # A NaN in a waiting layer with allow_pending: it waits; nothing refuses yet.
@@ -179,7 +179,7 @@ layerwise_cases = st.builds(
                               st.integers(0, 40)), max_size=3),
     stop_short=st.sampled_from([0, 0, 0, 0, 1, 3]), layout=st.sampled_from(["contiguous", "contiguous", "transposed"]),
     dtype=st.sampled_from(["as_checkpoint", "as_checkpoint", "float32", "bfloat16"]),
-    check_finite=st.sampled_from([True, True, True, False]))
+    check_finite=st.sampled_from([True, True, None, False]))  # None: the option left out
 
 
 def layerwise_same(reference, case):
