@@ -87,10 +87,10 @@ def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.T
     ``w`` is a 2-D floating-point weight ``[out, in]`` (any float dtype, any size: neither
     dimension need be a multiple of ``block``; either may be 0). Computed in float32.
     Tile ``(i, j)`` covers rows ``i*block ...`` and columns ``j*block ...``; tiles at the
-    right and bottom edges are partial (pad them with zeros to find their maximum).
-    Per tile: ``scale = max|tile| / 448`` (448 is the largest finite e4m3fn value; an
-    all-zero tile gets 1), ``q = w / scale`` clamped to [-448, 448] and cast to
-    ``torch.float8_e4m3fn`` (the cast rounds to nearest, ties to even).
+    right and bottom edges are partial, each with a scale of its own values. Per tile:
+    ``scale = max|tile| / 448`` (448 is the largest finite e4m3fn value; an all-zero tile
+    gets 1), ``q = w / scale`` clamped to [-448, 448] and cast to ``torch.float8_e4m3fn``
+    (the cast rounds to nearest, ties to even).
 
     Returns ``(q, scale)``: ``q`` float8_e4m3fn ``[out, in]`` (contiguous, no padding) and
     ``scale`` float32 ``[ceil(out/block), ceil(in/block)]``, new tensors. Raises
