@@ -45,7 +45,14 @@ class LayerwiseReload:
     What other code reads: ``layers`` (the plan: {layer key: the names this update brings
     for it}, fixed at creation), ``buffers`` ({layer key: [(name, tensor), ...]}, the
     tensors held for layers not yet written), ``applied`` (the layers written, in order),
-    ``held_bytes`` and ``peak_held_bytes`` (``_hold``), ``ms`` (phase times)."""
+    ``held_bytes`` and ``peak_held_bytes`` (``_hold``), ``ms`` (phase times).
+
+    The frame ``feed`` works in: ``layer_key(name)`` (a name's layer), ``_transfer(t)``
+    (the transfer step: ``t`` on the engine's device, timed), ``_hold(n)`` (the counter:
+    ``n`` more or fewer bytes held, the peak kept with the staging weights),
+    ``_apply(key, pairs)`` (the writing step: loaders, requantization pass, timing,
+    ``applied``), and this module's ``check_finite(pairs)`` with the ``check_finite``
+    option given to the constructor."""
 
     def __init__(self, model, expected_names, device, check_finite: bool = True, commit=None):
         self.model, self.device, self.check_finite = model, torch.device(device), check_finite
@@ -89,29 +96,29 @@ class LayerwiseReload:
 
         ``name`` is a checkpoint name (``model.layers.3.mlp.up_proj.weight``) and ``tensor``
         its new value, on any device. The update brings each name of ``self.layers`` once,
-        in any order (layers may interleave); ``layer_key(name)`` is its layer. The caller
-        may reuse ``tensor``'s memory as soon as ``feed`` returns (a reader refills its
-        buffers). Keep any bookkeeping of your own on ``self``.
+        in any order (layers may interleave). The caller may reuse ``tensor``'s memory as
+        soon as this returns (a reader refills its buffers). Keep any bookkeeping of your
+        own on ``self``.
 
         Promises:
         - a layer is written exactly when its last tensor arrives, never before and only
-          once: ``self._apply(key, pairs)`` with every (name, tensor) of that layer, on the
-          engine's device (``self._transfer`` moves one there: the same tensor when it is
-          there already, never a second copy);
+          once, whole: through the frame's writing step, with every (name, tensor) of that
+          layer on the engine's device (moved there by the frame's transfer step: the very
+          tensor when it is there already, never a second copy);
         - a name this update does not bring, or one already fed, raises ``UpdateError`` and
           changes nothing: nothing moved, held, counted or written;
-        - with ``self.check_finite``, a layer holding a NaN or infinite value is refused with
-          ``UpdateError`` (``check_finite`` names the tensor) before any of its weights
-          change: when that tensor arrives, or at the latest when its layer is complete.
-          After such a refusal the update is over (the caller puts back what was written).
-          Without ``self.check_finite`` values are written as they come;
+        - when the update asked for the finiteness check (the constructor's option), a layer
+          holding a NaN or infinite value is refused with ``UpdateError`` naming the tensor,
+          before any of its weights change: when that tensor arrives, or at the latest when
+          its layer is complete. After such a refusal the update is over (the caller puts
+          back what was written). Without the check, values are written as they come;
         - what is held: only tensors of layers not yet written, on the engine's device, as
           ``self.buffers`` (no entry for a layer with nothing held); once a layer is
           written the reload keeps no reference to any of its tensors;
-        - what is counted: through ``self._hold``, ``self.held_bytes`` is, whenever ``feed``
-          returns and while a layer is being written, the bytes of the tensors held
-          (``numel * element_size``), so ``self.peak_held_bytes`` is the most held at once
-          (plus staging). Fed one layer after another, that is at most one layer.
+        - what is counted: through the frame's counter, ``self.held_bytes`` is, whenever
+          this returns and while a layer is being written, the bytes of the tensors held,
+          so ``self.peak_held_bytes`` is the most held at once (plus staging). Fed one layer
+          after another, that is at most one layer.
         """
         # BEGIN EXERCISE ch03.layerwise_buffer
         key = layer_key(name)
