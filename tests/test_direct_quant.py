@@ -290,19 +290,30 @@ def test_a_wrong_quantizer_turns_the_direct_path_off(ckpts, paths, monkeypatch, 
     assert torch.equal(layer.weight_scale, scale)
 
 
-@pytest.mark.parametrize("part", ["_stage", "process_weights_after_loading"])
-def test_a_changed_exercise_function_turns_the_direct_path_off(ckpts, paths, monkeypatch, part):
-    """A learner's version of staging or requantization (here the reference wrapped, so its
-    source differs) is what runs: the engine is built after the change, as a learner's is."""
+@pytest.mark.parametrize("part", ["_stage", "requantize_staged"])
+def test_a_changed_staging_or_requantization_turns_the_direct_path_off(ckpts, paths, monkeypatch, part):
+    """A learner's requantization pass, or a staging loader replaced at run time (here the
+    reference wrapped, so its code differs), is what runs: the engine is built after the
+    change, as a learner's is."""
     a, b = ckpts["aligned"]
-    original, calls = getattr(QuantizedLinearMethod, part), []
+    calls = []
+    if part == "_stage":
+        original = QuantizedLinearMethod._stage
 
-    def learners_version(self, *args, **kwargs):
-        calls.append(args[-1] if args else None)
-        return original(self, *args, **kwargs)
-    monkeypatch.setattr(QuantizedLinearMethod, part, learners_version)
+        def learners_version(self, *args, **kwargs):
+            calls.append(args[-1])
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(QuantizedLinearMethod, part, learners_version)
+        label = "Int8PerChannel._stage"
+    else:
+        original = quant.requantize_staged
+
+        def learners_version(layers, allow_pending=False):
+            calls.append(sorted(layers))
+            return original(layers, allow_pending)
+        monkeypatch.setattr(quant, part, learners_version)
+        label = "ch03.requantize_layers"
     engine = Engine(a, quantization="int8")
-    label = {"_stage": "ch03.stage_shard", "process_weights_after_loading": "ch03.requantize_in_place"}[part]
     assert direct_quant.why_not(engine.model).startswith(label)
     calls.clear()
     engine.update_weights_from_tensor(tensors(b))

@@ -226,3 +226,44 @@ def test_cuda_graphs_with_quantization_survive_a_hot_update(make_ckpt, quantizat
     assert {n: t.data_ptr() for n, t in kernel_tensors(engine.model).items()} == ptrs
     assert greedy_tokens(engine, prompts, 16) == greedy_tokens(cold, prompts, 16)
     assert torch.equal(prompt_logits(engine, IDS), prompt_logits(cold, IDS))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_staging_on_the_gpu_lives_beside_the_kernel_tensors_and_copies_nothing_else(quantization):
+    """The staging loader (``QuantizedLinearMethod._stage``): a host shard goes through the
+    layer's own loader straight into the staging tensor, which lives on the kernel tensors'
+    device in the model dtype; staging both shards of gate/up allocates that tensor and
+    nothing else on the device (``torch.cuda.max_memory_allocated``, measured here)."""
+    import gc
+
+    from course_lib.models.qwen3 import Qwen3ForCausalLM
+    from course_lib.weights.checkpoint import preset, random_state_dict
+    from course_lib.weights.checkpoint.model_loader import default_dtype
+
+    config = preset("tiny", hidden_size=160, intermediate_size=200)
+    state = random_state_dict(config, 5)  # float32 host tensors, like a checkpoint's
+    with default_dtype(torch.bfloat16), torch.device("cuda"):
+        model = Qwen3ForCausalLM(config, 0, 1, quantization)
+    layer = model.model.layers[1].mlp.gate_up_proj
+    shards = [(1, state["model.layers.1.mlp.up_proj.weight"]), (0, state["model.layers.1.mlp.gate_proj.weight"])]
+    staging_bytes = layer.weight.numel() * 2  # bfloat16
+    smallest = min(t.numel() for _, t in shards) * 2  # the smallest copy of a shard: in bfloat16, on the device
+    gc.collect()  # an earlier test's model freed inside the window would hide allocations made in it
+    gc.disable()
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        for shard_id, loaded in shards:
+            layer.weight.weight_loader(layer.weight, loaded, shard_id)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+    finally:
+        gc.enable()
+    assert layer.staging.device == layer.qweight.device and layer.staging.dtype == torch.bfloat16
+    assert layer.staged_shards == {0, 1}
+    assert extra < staging_bytes + smallest, (extra, staging_bytes)
+    for shard_id, loaded in shards:
+        start, rows = layer.shard_rows(shard_id)
+        assert torch.equal(layer.staging[start:start + rows].cpu(), loaded.to(torch.bfloat16))

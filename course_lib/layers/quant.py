@@ -5,11 +5,10 @@ interface:
 
 - ``create_weights(layer, in_features, out_features, dtype)`` registers the tensors the
   kernel reads (for the quantized methods: ``qweight`` and ``weight_scale`` buffers);
-- ``process_weights_after_loading(layer)`` turns the loaded checkpoint-format weight into
-  kernel format (requantizes);
 - ``apply(layer, x)`` computes the layer's output.
 
-``UnquantizedLinearMethod`` keeps a plain ``weight`` that the loaders write into directly.
+``UnquantizedLinearMethod`` keeps a plain ``weight`` that the loaders write into directly:
+checkpoint format is kernel format.
 
 ``Int8PerChannel`` and ``Fp8Block`` allocate their kernel tensors once, at create time,
 and every later (re)load writes into them with ``copy_``: their ``data_ptr`` never
@@ -20,11 +19,12 @@ two steps:
    name mapping, q/k/v and gate/up fusion and tensor-parallel slicing are the same code.
    For a quantized layer ``layer.weight`` is a *shell* on the meta device: it has the
    checkpoint-format shape and dtype (after sharding and fusion) but no memory. Its loader
-   materializes a full-precision *staging* tensor on the first shard that arrives and
-   writes the shard into it.
-2. ``process_weights_after_loading(model)`` checks that every staged layer received all
-   its shards (q, k and v; gate and up), requantizes each staged weight, copies the result
-   into ``qweight`` and ``weight_scale`` in place, and frees the staging tensor.
+   (``QuantizedLinearMethod._stage``) materializes a full-precision *staging* tensor on
+   the first shard that arrives and writes the shard into it.
+2. ``process_weights_after_loading(model)`` hands every layer holding a staged weight to
+   ``requantize_staged``: the requantization pass, all or nothing (a layer missing a shard,
+   or a weight the quantizer refuses, changes no kernel tensor of any layer), into
+   ``qweight`` and ``weight_scale`` in place, freeing the staging tensors.
 
 Why free the staging tensor instead of keeping a float copy next to the quantized one:
 keeping it would cost more memory than not quantizing at all. Freeing it means a hot
@@ -33,7 +33,7 @@ processes layer by layer holds about one layer of extra memory. Layers a (partia
 does not touch are not staged, so processing leaves them exactly as they were. The
 consequence: a fused layer must receive all its shards in an update (a quantized row
 block mixes q, k and v rows), and a layer that got only some is refused before any kernel
-tensor changes.
+tensor changes (or, for an update sent in chunks, waits staged for the rest).
 """
 from __future__ import annotations
 
@@ -87,10 +87,10 @@ def quantize_fp8_block(w: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.T
     ``w`` is a 2-D floating-point weight ``[out, in]`` (any float dtype, any size: neither
     dimension need be a multiple of ``block``; either may be 0). Computed in float32.
     Tile ``(i, j)`` covers rows ``i*block ...`` and columns ``j*block ...``; tiles at the
-    right and bottom edges are partial (pad them with zeros to find their maximum).
-    Per tile: ``scale = max|tile| / 448`` (448 is the largest finite e4m3fn value; an
-    all-zero tile gets 1), ``q = w / scale`` clamped to [-448, 448] and cast to
-    ``torch.float8_e4m3fn`` (the cast rounds to nearest, ties to even).
+    right and bottom edges are partial, each with a scale of its own values. Per tile:
+    ``scale = max|tile| / 448`` (448 is the largest finite e4m3fn value; an all-zero tile
+    gets 1), ``q = w / scale`` clamped to [-448, 448] and cast to ``torch.float8_e4m3fn``
+    (the cast rounds to nearest, ties to even).
 
     Returns ``(q, scale)``: ``q`` float8_e4m3fn ``[out, in]`` (contiguous, no padding) and
     ``scale`` float32 ``[ceil(out/block), ceil(in/block)]``, new tensors. Raises
@@ -133,16 +133,14 @@ class UnquantizedLinearMethod:
         layer.weight.weight_loader = layer.weight_loader
         layer.weight.local_loader = layer.local_loader
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        pass  # checkpoint format is kernel format
-
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, layer.weight)
 
 
 class QuantizedLinearMethod:
-    """Shared machinery: the meta-device ``weight`` shell, its staging loader, and the
-    in-place requantization. Subclasses say how to quantize and how to multiply."""
+    """Shared machinery: the kernel tensors made once, the meta-device ``weight`` shell and
+    its staging loader (``requantize_staged`` turns what was staged into kernel format).
+    Subclasses say how to quantize and how to multiply."""
 
     qweight_dtype: torch.dtype
 
@@ -170,28 +168,19 @@ class QuantizedLinearMethod:
 
         ``create_weights`` binds ``layer`` and ``loader`` (``functools.partial``), so the
         model's load path calls this exactly as it calls an unquantized weight's loader.
-        ``param``: the shell ``layer.weight``, on the meta device (the checkpoint-format
-        shape and dtype after fusion and sharding, no memory; it may carry a
-        ``param_name``). ``loader``: the layer's own ``weight_loader`` (``loaded`` is the
-        full checkpoint tensor) or ``local_loader`` (``loaded`` is this rank's slice).
-        ``shard_id``: None for a plain layer, "q"/"k"/"v" or 0/1 for fused ones.
+        ``param``: the shell ``layer.weight`` (meta device: the checkpoint-format shape and
+        dtype after fusion and sharding, no memory). ``loader``: the layer's own
+        ``weight_loader`` (``loaded`` is the full checkpoint tensor) or ``local_loader``
+        (``loaded`` is this rank's slice). ``shard_id``: None for a plain layer, "q"/"k"/"v"
+        or 0/1 for fused ones.
 
-        On the first shard since the last processing (``layer.staging`` is None), allocate
-        ``layer.staging``: an uninitialized tensor with the shell's shape and dtype, on
-        the device of the kernel tensors (``layer.qweight``), with an attribute
-        ``param_name`` copied from the shell ("weight" if it has none): the loaders name
-        it in their errors. Write ``loaded`` into it by calling ``loader`` with the staging
-        tensor as the parameter (and ``shard_id`` when it is not None): the layer's loader
-        checks the shape, cuts this rank's slice and puts the shard into its rows, the
-        same code as for an unquantized layer; never copy ``loaded`` yourself. Then add
-        ``shard_id`` to the set ``layer.staged_shards``: ``process_weights_after_loading``
-        requantizes a layer only once every id in ``layer.shard_ids`` is there.
-
-        Promises: later shards land in the same staging tensor beside the earlier ones; the
-        kernel tensors do not change. Errors: what the layer's loader raises (a ValueError
-        naming the parameter for a wrong shape) propagates, and that shard is not recorded.
+        What it leaves: ``layer.staging``, one tensor per layer with the shell's shape and
+        dtype on the kernel tensors' device, allocated by the first shard since the last
+        pass and shared by every later one, each shard in its own rows (written by the
+        layer's own loader: its shape checks, its slice); ``layer.staged_shards``, the ids
+        received. The kernel tensors do not change. A shard the loader refuses (a
+        ValueError naming the parameter) is not recorded.
         """
-        # BEGIN EXERCISE ch03.stage_shard
         if layer.staging is None:
             layer.staging = torch.empty(param.shape, dtype=param.dtype, device=layer.qweight.device)
             layer.staging.param_name = getattr(param, "param_name", "weight")  # loaders name it in errors
@@ -200,32 +189,6 @@ class QuantizedLinearMethod:
         else:
             loader(layer.staging, loaded, shard_id)
         layer.staged_shards.add(shard_id)
-        # END EXERCISE
-
-    def process_weights_after_loading(self, layer) -> None:
-        """Turn ``layer``'s staged float weight into kernel format, in place.
-
-        ``layer.staging`` is the full-precision ``[out, in]`` weight the loaders wrote
-        since the last processing (fused and sliced already), or None when nothing
-        arrived for this layer; ``layer.staged_shards`` is the set of shard ids it
-        received. ``self.quantize(w)`` returns the new ``(q, scale)``.
-
-        Promises: with nothing staged, nothing changes. Otherwise the new values land
-        *in* the existing ``layer.qweight`` and ``layer.weight_scale`` (same storage,
-        shape and dtype: captured CUDA graphs read those addresses, so never rebind
-        them), integers and scales together; afterwards no float copy of the weight is
-        kept (``layer.staging`` is None, ``layer.staged_shards`` empty), so the next
-        update starts clean. An error from ``quantize`` propagates before any kernel
-        tensor changes.
-        """
-        # BEGIN EXERCISE ch03.requantize_in_place
-        if layer.staging is None:
-            return  # nothing arrived for this layer: its kernel tensors stay as they are
-        q, scale = self.quantize(layer.staging)
-        layer.qweight.copy_(q)
-        layer.weight_scale.copy_(scale)
-        layer.staging, layer.staged_shards = None, set()
-        # END EXERCISE
 
     def dequantized_weight(self, layer) -> torch.Tensor:
         """The float weight [out, in] this layer's kernel effectively multiplies by."""
@@ -337,30 +300,75 @@ def get_quant_method(quantization: str | None):
 
 
 def process_weights_after_loading(model: nn.Module, allow_pending: bool = False) -> list[str]:
-    """Requantize every linear layer that received weights since the last call; returns
-    their names.
+    """Requantize every linear layer that received weights since the last call (the layers
+    holding a staged weight, in module order: ``requantize_staged``); returns their names.
 
     A fused layer that got only some of its shards cannot be requantized yet. By default
-    that is an error raised before any kernel tensor changes, and all staged weights are
-    dropped (the update failed; the engine keeps serving the weights it had). With
+    that refuses the whole pass before any kernel tensor changes, and all staged weights
+    are dropped (the update failed; the engine keeps serving the weights it had). With
     ``allow_pending=True`` (chunked updates, where q may arrive in one bucket and k, v in
     the next) such a layer stays staged until its other shards arrive: its staging tensor
     is the per-layer buffer; ``pending_layers`` lists what is still waiting.
     """
-    layers = [(name, m) for name, m in model.named_modules() if hasattr(m, "quant_method")]
-    staged = [(name, m) for name, m in layers if getattr(m, "staging", None) is not None]
-    incomplete = {name for name, m in staged if any(s not in m.staged_shards for s in m.shard_ids)}
-    if incomplete and not allow_pending:
-        name, m = next((n, m) for n, m in staged if n in incomplete)
-        missing = [s for s in m.shard_ids if s not in m.staged_shards]
-        discard_staged_weights(model)
-        raise ValueError(f"{name}: received shards {sorted(map(str, m.staged_shards))} but not "
-                         f"{[str(s) for s in missing]}; a quantized fused layer is requantized "
-                         f"whole, so an update must send all of its shards")
-    for name, m in layers:
-        if name not in incomplete:
-            m.quant_method.process_weights_after_loading(m)
-    return [name for name, _ in staged if name not in incomplete]
+    staged = {name: m for name, m in model.named_modules() if getattr(m, "staging", None) is not None}
+    if not staged:
+        return []  # nothing arrived (an unquantized model never stages)
+    return requantize_staged(staged, allow_pending)
+
+
+def requantize_staged(layers: dict[str, nn.Module], allow_pending: bool = False) -> list[str]:
+    """The requantization pass: staged float weights into the live kernel tensors, all or nothing.
+
+    ``layers``: {name: layer}, in module order, every one a quantized linear layer holding
+    a staged weight: ``layer.staging`` (the full-precision ``[out, in]`` weight its loaders
+    wrote since the last pass, fused and sliced), ``layer.staged_shards`` (the shard ids
+    that arrived) and ``layer.shard_ids`` (the ids it needs). A layer is complete when
+    every id of ``shard_ids`` arrived. ``layer.quant_method.quantize(w)`` returns the
+    layer's new ``(q, scale)`` (the shapes and dtypes of ``layer.qweight`` and
+    ``layer.weight_scale``; new tensors); it raises ValueError for a weight holding NaN or
+    infinite values.
+
+    Promises:
+    - every complete layer ends with ``qweight`` and ``weight_scale`` holding its staged
+      weight's quantization, integers and scales of the same call, written into the
+      tensors it has (same storage, shape and dtype: captured CUDA graphs read those
+      addresses, so they are never rebound), and keeps no float copy of the weight
+      (``staging`` None, ``staged_shards`` empty). Returns the names of those layers, in
+      the order of ``layers``;
+    - an incomplete layer, with ``allow_pending``, stays staged exactly as it is (it waits
+      for the rest of a chunked update) and is not returned; without it the pass raises
+      ValueError naming the layer and the shards it lacks;
+    - all or nothing: when the pass raises (an incomplete layer without ``allow_pending``,
+      or an error from ``quantize``), no kernel tensor of any layer has changed, and every
+      layer of ``layers`` holds no staged weight any more (the update failed);
+    - memory: at no moment does the pass hold more than the staged weights it was given
+      held when it started, plus one layer's quantization at work (quantized results are
+      smaller than the float weights they come from).
+    """
+    # BEGIN EXERCISE ch03.requantize_layers
+    missing = {name: [s for s in m.shard_ids if s not in m.staged_shards] for name, m in layers.items()}
+    missing = {name: ids for name, ids in missing.items() if ids}
+    ready = [(name, m) for name, m in layers.items() if name not in missing]
+    results = []
+    try:
+        if missing and not allow_pending:
+            name, ids = next(iter(missing.items()))
+            raise ValueError(f"{name}: received shards {sorted(map(str, layers[name].staged_shards))} but not "
+                             f"{[str(s) for s in ids]}; a quantized fused layer is requantized whole, so an "
+                             f"update must send all of its shards")
+        for _, m in ready:  # every layer quantized before any is written, so a refusal changes nothing
+            results.append(m.quant_method.quantize(m.staging))
+            m.staging = None  # its result takes the float copy's place
+    except Exception:
+        for m in layers.values():
+            m.staging, m.staged_shards = None, set()
+        raise
+    for (_, m), (q, scale) in zip(ready, results):
+        m.qweight.copy_(q)
+        m.weight_scale.copy_(scale)
+        m.staged_shards = set()
+    return [name for name, _ in ready]
+    # END EXERCISE
 
 
 def pending_layers(model: nn.Module) -> dict[str, list[str]]:

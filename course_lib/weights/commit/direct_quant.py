@@ -28,8 +28,9 @@ once and ``update_reason`` per update, before choosing its writer; ``apply`` ask
   ``COURSE_LIB_DIRECT_QUANT`` not "0" (to compare the two paths);
 - every part whose work it does its own way is the instructor edition's
   (``exercises.is_reference``: the edition's marker; ``why_not`` says which is not): in the student edition
-  those are the learner's parts (staging, requantization, loaders, quantizers), and the
-  general path runs them, so a wrong part is never hidden behind this one;
+  those are the learner's parts (the requantization pass, loaders, quantizers; and the
+  staging loader wherever it was replaced), and the general path runs them, so a wrong
+  part is never hidden behind this one;
 - the update brings every shard of each fused layer it touches (q, k and v; gate and
   up), no layer waits for shards of an earlier chunk, and (FP8) every shard owns its tiles.
   A fused layer with a shard missing is refused before any write, as the general path
@@ -61,14 +62,14 @@ QUANTIZERS = {"int8": (quant.Int8PerChannel, "quantize_int8_per_channel", "ch03.
 def reference_parts(kind: str, layer_type: type = LinearBase) -> dict[str, object]:
     """{label: the function as it is now} for the parts the general
     path runs on a layer of ``layer_type`` quantized as ``kind`` ("int8", "fp8") and this
-    path does not: the loaders' slice and copy, the staging, the requantization and the
-    quantizer (looked up now, so a replaced one is seen)."""
+    path does not: the loaders' slice and copy, the staging, the requantization pass and
+    the quantizer (looked up now, so a replaced one is seen)."""
     method_type, quantizer, exercise = QUANTIZERS[kind]
     return {
         "ch01.tp_slice": layer_type._shard,
         "ch01.local_loader": layer_type.local_loader,
-        "ch03.stage_shard": method_type._stage,
-        "ch03.requantize_in_place": method_type.process_weights_after_loading,
+        f"{method_type.__name__}._stage": method_type._stage,
+        "ch03.requantize_layers": quant.requantize_staged,
         f"{method_type.__name__}.quantize": method_type.quantize,
         exercise: getattr(quant, quantizer),
     }

@@ -175,7 +175,7 @@ class GuardedLayerwiseReload(LayerwiseReload):
         self.rollback = rollback
         self.peak_rollback_bytes = 0
         if rollback is not None:
-            rollback.save_ahead([(key, sorted(names)) for key, names in self.remaining.items()])
+            rollback.save_ahead([(key, sorted(names)) for key, names in self.layers.items()])
 
     def _apply(self, key: str, tensors: list) -> None:
         if self.rollback is not None:

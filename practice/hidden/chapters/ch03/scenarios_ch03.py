@@ -85,16 +85,19 @@ def quantize(which: str, shape: list, dtype: str, layout: str, special: str, see
     return out
 
 
-# ---- exercise 3: requantize in place --------------------------------------------------------
+# ---- exercise 3: the requantization pass ----------------------------------------------------
 
-def _own_quantize(method, fail_on_nan: bool):
-    """A stand-in quantizer (so this case does not depend on exercises 1 and 4): integers
-    and scales that depend on every value of the weight, of the kernel tensors' shapes."""
+def _own_quantize(method, calls: list, watch):
+    """A stand-in quantizer (so these cases do not depend on exercises 1 and 2): integers and
+    scales that depend on every value of the weight, of the kernel tensors' shapes; ValueError
+    for a non-finite weight (the contract's one refusal). ``watch()`` runs first, on every call."""
     from course_lib.layers.quant import Int8PerChannel
 
     def q(w):
+        watch()
+        calls.append(1)
         w = w.float()
-        if fail_on_nan and not torch.isfinite(w).all():
+        if not torch.isfinite(w).all():
             raise ValueError("the weight holds NaN or infinite values")
         ints = (w * 7).round().clamp(-100, 100)
         out, inn = w.shape
@@ -105,150 +108,120 @@ def _own_quantize(method, fail_on_nan: bool):
     return q
 
 
-def requantize(method: str, out_features: int, in_features: int, staged: str, shards: list, seed: int,
-               rounds: int = 1) -> list:
-    """``rounds`` times: stage a weight (``staged``: "float", "nan" or "none"), process the
-    layer. After each: what it returned or which error; the kernel tensors' bytes, shape,
-    dtype, whether they are the same objects at the same addresses as at creation, whether
-    they changed; the staging and staged shards left; the staged tensor unchanged, and
-    whether anything still holds it once processed."""
-    from course_lib.layers.linear import ColumnParallelLinear
-    from course_lib.layers.quant import Fp8Block, Int8PerChannel
-    torch.set_num_threads(1)
-    m = Int8PerChannel() if method == "int8" else Fp8Block()
-    m.quantize = _own_quantize(m, fail_on_nan=True)
-    layer = ColumnParallelLinear(in_features, out_features, quant_method=m)
-    qweight, scale = layer.qweight, layer.weight_scale
-    q_ptr, s_ptr = qweight.data_ptr(), scale.data_ptr()
-    gen = torch.Generator().manual_seed(seed)
-    trace = []
-    for _ in range(rounds):
-        w = None
-        if staged != "none":
-            w = torch.randn(out_features, in_features, generator=gen)
-            if staged == "nan" and w.numel():
-                w.view(-1)[int(torch.randint(w.numel(), (1,), generator=gen))] = float("nan")
-            layer.staging, layer.staged_shards = w, set(shards)
-        w_before = None if w is None else digest(w)
-        q_before, s_before = digest(layer.qweight), digest(layer.weight_scale)
-        try:
-            entry = {"returned": repr(m.process_weights_after_loading(layer))}
-        except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"raised": type(exc).__name__}
-        kernel = {"qweight": layer.qweight, "weight_scale": layer.weight_scale}
-        entry.update(
-            qweight=digest(layer.qweight), weight_scale=digest(layer.weight_scale),
-            qweight_changed=digest(layer.qweight) != q_before, scale_changed=digest(layer.weight_scale) != s_before,
-            same_objects=layer.qweight is qweight and layer.weight_scale is scale,
-            same_addresses=layer.qweight.data_ptr() == q_ptr and layer.weight_scale.data_ptr() == s_ptr,
-            buffers=sorted(n for n, _ in layer.named_buffers()),
-            kinds={n: [str(t.dtype), list(t.shape)] for n, t in kernel.items()},
-            staged_tensor_unchanged=w is None or digest(w) == w_before)
-        kept = None if w is None else weakref.ref(w)
-        del w
-        gc.collect()
-        if "returned" in entry:
-            # No float copy of the weight survives the processing, under any name.
-            entry["float_weight_still_alive"] = kept is not None and kept() is not None
-            ss = getattr(layer, "staged_shards", None)
-            entry.update(staging_left=getattr(layer, "staging", None) is not None,
-                         staged_shards_left=sorted(map(str, ss)) if isinstance(ss, (set, list, tuple)) else repr(ss),
-                         staged_shards_is_a_set=isinstance(ss, set))
-        trace.append(entry)
-    return trace
-
-
-# ---- exercise 2: stage each shard -----------------------------------------------------------
-
-def _layer(kind, sizes, hidden, tp_size, rank, method):
+def _pass_layers(method: str, kinds: list, dtype):
+    """A module holding one quantized linear layer per ``kinds`` entry [kind, rows, in]
+    ("plain": one shard; "merged": gate and up of ``rows`` each; "qkv": q of 2 * ``rows``,
+    k and v of ``rows``), named l0, l1, ..., sharing one quant method."""
+    from torch import nn
     from course_lib.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear
     from course_lib.layers.quant import Fp8Block, Int8PerChannel
     m = Int8PerChannel() if method == "int8" else Fp8Block()
-    if kind == "plain":
-        return ColumnParallelLinear(hidden, sizes[0], tp_rank=rank, tp_size=tp_size, quant_method=m)
-    if kind == "merged":
-        return MergedColumnParallelLinear(hidden, list(sizes), tp_rank=rank, tp_size=tp_size, quant_method=m)
-    return QKVParallelLinear(hidden, 2, sizes[0], sizes[1], tp_rank=rank, tp_size=tp_size, quant_method=m)
-
-
-def _full_rows(kind, sizes, shard_id):
-    if kind == "plain":
-        return sizes[0]
-    if kind == "merged":
-        return sizes[shard_id]
-    return (sizes[0] if shard_id == "q" else sizes[1]) * 2
-
-
-def _own_rows(kind, sizes, tp_size, shard_id):
-    """Where a shard lands in a rank's weight, worked out here."""
-    if kind == "plain":
-        return 0, sizes[0] // tp_size
-    if kind == "merged":
-        return sum(s // tp_size for s in sizes[:shard_id]), sizes[shard_id] // tp_size
-    qr, kr = sizes[0] // tp_size * 2, sizes[1] // tp_size * 2
-    return {"q": (0, qr), "k": (qr, kr), "v": (qr + kr, kr)}[shard_id]
-
-
-def stage(kind: str, sizes: list, hidden: int, tp_size: int, rank: int, method: str, dtype: str, param_name,
-          shards: list, seed: int) -> list:
-    """Feed shards to a quantized layer's weight shell, through ``shards`` = [[shard id,
-    "weight_loader" | "local_loader", "right" | "wrong_shape"], ...]. After each: what the
-    loader returned or which error; the staging tensor (exists, shape, dtype, device, its
-    ``param_name``, whether it is the same tensor as after the first shard, the bytes of
-    the rows the shards fed so far); the staged shard ids; the kernel tensors unchanged."""
-    torch.set_num_threads(1)
     prev = torch.get_default_dtype()
-    torch.set_default_dtype(DTYPES[dtype])
+    torch.set_default_dtype(dtype)
     try:
-        layer = _layer(kind, sizes, hidden, tp_size, rank, method)
+        layers = []
+        for kind, rows, inn in kinds:
+            if kind == "plain":
+                layers.append(ColumnParallelLinear(inn, rows, quant_method=m))
+            elif kind == "merged":
+                layers.append(MergedColumnParallelLinear(inn, [rows, rows], quant_method=m))
+            else:
+                layers.append(QKVParallelLinear(inn, 1, 2 * rows, rows, quant_method=m))
     finally:
         torch.set_default_dtype(prev)
-    if param_name is not None:
-        layer.weight.param_name = param_name
-    shell = layer.weight
+    holder = nn.Module()
+    for i, layer in enumerate(layers):
+        holder.add_module(f"l{i}", layer)
+    return holder, m
+
+
+def _stage_round(layer, spec, gen, kept):
+    """Stage the shards of ``spec`` ([shard index, ...], "float" | "nan") into ``layer`` as its
+    loaders would: its staging tensor (made by the first shard since the last pass), each
+    shard's rows filled, its id recorded. ``kept`` gets a weak reference to a new staging tensor."""
+    shards, how = spec
+    ids = [layer.shard_ids[i % len(layer.shard_ids)] for i in shards]
+    if not ids:
+        return
+    if layer.staging is None:
+        layer.staging = torch.randn(layer.weight.shape, generator=gen).to(layer.weight.dtype)
+        kept.append(weakref.ref(layer.staging))
+    for sid in ids:
+        first, rows = layer.shard_rows(sid)
+        layer.staging[first:first + rows] = torch.randn(rows, layer.staging.shape[1], generator=gen)
+        layer.staged_shards.add(sid)
+    if how == "nan":
+        first, rows = layer.shard_rows(ids[0])
+        layer.staging[first + int(torch.randint(rows, (1,), generator=gen)), 0] = float("nan")
+
+
+def requantize(method: str, kinds: list, rounds: list, allow_pending: list, dtype: str, seed: int) -> list:
+    """Rounds of an update on layers ``kinds`` (see ``_pass_layers``): in each, stage per
+    layer ``rounds[r][i]`` ([shard indices], "float" | "nan"; no shards: nothing for that
+    layer), then run the model's requantization (``process_weights_after_loading`` with
+    ``allow_pending[r]``, None: left out). After each: what it returned or which error; per layer the kernel
+    tensors' bytes, whether they changed and are still the same objects at the same
+    addresses, the staged weight left (its bytes) and the shard ids; how many staged floats
+    of this round are still alive; whether every quantizer call found the staged weights
+    alive plus the results returned so far within what the staged weights took at the
+    start; how many quantizer calls (when it returned)."""
+    from course_lib.layers import quant
+    torch.set_num_threads(1)
+    holder, m = _pass_layers(method, kinds, DTYPES[dtype])
+    layers = [getattr(holder, f"l{i}") for i in range(len(kinds))]
+    objects = [(layer.qweight, layer.weight_scale, layer.qweight.data_ptr(), layer.weight_scale.data_ptr())
+               for layer in layers]
     gen = torch.Generator().manual_seed(seed)
-    q0, s0 = digest(layer.qweight), digest(layer.weight_scale)
-    first, fed, trace = None, [], []
-    for shard_id, through, how in shards:
-        sid = None if kind == "plain" else shard_id
-        full = torch.randn(_full_rows(kind, sizes, sid), hidden, generator=gen) * 5
-        if through == "weight_loader":
-            loaded = full if how == "right" else full[:, :-1] if hidden > 1 else full[:0]
-        else:
-            rows = full.shape[0] // tp_size
-            loaded = full[rank * rows:(rank + 1) * rows]
-            loaded = loaded if how == "right" else torch.cat([loaded, loaded[:1]])
-        loaded_before = digest(loaded)
-        loader = getattr(shell, through)
+    trace = []
+    for r, specs in enumerate(rounds):
+        kept, calls, results, over = [], [], [], []
+        for layer, spec in zip(layers, specs):
+            _stage_round(layer, spec, gen, kept)
+        staged = [(weakref.ref(t.staging), t.staging.numel() * t.staging.element_size())
+                  for t in layers if t.staging is not None]
+        budget = sum(n for _, n in staged)
+
+        def watch():
+            alive = sum(n for ref, n in staged if ref() is not None) + sum(n for ref, n in results if ref() is not None)
+            over.append(alive > budget)
+        own = _own_quantize(m, calls, watch)
+
+        def quantize(w):
+            q, scale = own(w)
+            results.extend((weakref.ref(t), t.numel() * t.element_size()) for t in (q, scale))
+            return q, scale
+        m.quantize = quantize
+        before = [(digest(t.qweight), digest(t.weight_scale)) for t in layers]
         try:
-            entry = {"returned": repr(loader(shell, loaded) if sid is None else loader(shell, loaded, sid))}
-            if how == "right":
-                fed.append(sid)
+            pending = allow_pending[r % len(allow_pending)]  # None: the argument left out (its default)
+            got = (quant.process_weights_after_loading(holder) if pending is None
+                   else quant.process_weights_after_loading(holder, allow_pending=pending))
+            entry = {"returned": got if isinstance(got, list) else repr(got), "quantize_calls": len(calls)}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
             entry = {"raised": type(exc).__name__}
-        st = getattr(layer, "staging", None)
-        if isinstance(st, torch.Tensor):
-            if first is None:
-                first = st
-            written = {}
-            for f in dict.fromkeys(fed):
-                a, n = _own_rows(kind, sizes, tp_size, f)
-                written[str(f)] = digest(st[a:a + n])
-            entry["staging"] = {"shape": list(st.shape), "dtype": str(st.dtype), "device": str(st.device),
-                                "param_name": getattr(st, "param_name", "<none>"), "same_tensor": st is first,
-                                "rows_fed": written, "is_the_shell": st is shell}
-        else:
-            entry["staging"] = repr(st)
-        ss = getattr(layer, "staged_shards", None)
-        entry["staged_shards"] = sorted(map(str, ss)) if isinstance(ss, (set, list, tuple)) else repr(ss)
-        entry["kernel_unchanged"] = digest(layer.qweight) == q0 and digest(layer.weight_scale) == s0
-        entry["shell_is_the_weight"] = layer.weight is shell and shell.device.type == "meta"
-        entry["loaded_unchanged"] = digest(loaded) == loaded_before
+        del m.quantize
+        gc.collect()
+        entry["layers"] = [_layer_after(t, b, o) for t, b, o in zip(layers, before, objects)]
+        entry["staged_floats_alive"] = sum(1 for ref in kept if ref() is not None)
+        entry["within_memory"] = not any(over)
         trace.append(entry)
     return trace
 
 
-# ---- exercise 5: the layer-by-layer buffer ----------------------------------------------------
+def _layer_after(layer, before, objects) -> dict:
+    q, s = digest(layer.qweight), digest(layer.weight_scale)
+    st = getattr(layer, "staging", None)
+    ss = getattr(layer, "staged_shards", None)
+    return {"qweight": q, "weight_scale": s, "changed": [q != before[0], s != before[1]],
+            "same_objects": layer.qweight is objects[0] and layer.weight_scale is objects[1],
+            "same_addresses": layer.qweight.data_ptr() == objects[2] and layer.weight_scale.data_ptr() == objects[3],
+            "buffers": sorted(n for n, _ in layer.named_buffers()),
+            "staging": digest(st) if isinstance(st, torch.Tensor) else repr(st),
+            "staged_shards": sorted(map(str, ss)) if isinstance(ss, (set, list, tuple)) else repr(ss),
+            "staged_shards_is_a_set": isinstance(ss, set)}
+
+
+# ---- exercise 4: the layer-by-layer reload ----------------------------------------------------
 #
 # A real engine's model (a tiny config, maybe quantized) and a new checkpoint's tensors, from a
 # seed; a LayerwiseReload expecting some of its names is fed a drawn sequence of tensors (layers
@@ -294,11 +267,12 @@ def _layer_digests(model) -> dict:
 
 def _waiting(pairs, is_fed):
     """A layer's buffer as the contract shapes it, a list of (name, tensor) pairs: per pair
-    its name, bytes, dtype, device and whether it is the very tensor fed; anything else by type."""
+    (sorted by name: the order is free) its name, bytes, dtype, device and whether it is the
+    very tensor fed; anything else by type."""
     if not isinstance(pairs, (list, tuple)) or not all(
             isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], torch.Tensor) for p in pairs):
         return f"not a list of (name, tensor) pairs: {type(pairs).__name__}"
-    return [[str(n), digest(b), str(b.dtype), str(b.device), is_fed(n, b)] for n, b in pairs]
+    return sorted([str(n), digest(b), str(b.dtype), str(b.device), is_fed(n, b)] for n, b in pairs)
 
 
 def _feed_plan(bring: list, order: str, faults: list, stop_short: int, gen) -> list:
@@ -338,22 +312,24 @@ def _feed_plan(bring: list, order: str, faults: list, stop_short: int, gen) -> l
 
 def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_names: list, order: str,
               faults: list, stop_short: int = 0, layout: str = "contiguous", dtype: str = "as_checkpoint",
-              device: str = "cpu") -> list:
+              check_finite: bool | None = True, device: str = "cpu") -> list:
     """Feed a LayerwiseReload on a tiny model (``config``: an index into the configs above;
     ``quantization``: None, "int8" or "fp8"). The update brings the new checkpoint's layers
     ``bring_layers`` (indices into its layers in order; empty: every layer) less the names
     ``drop_names`` (indices; unquantized models only: a quantized fused layer is requantized
     whole, so its update brings all its shards), fed as ``_feed_plan`` says. ``layout``:
     "contiguous" or "transposed" (2-D tensors fed as non-contiguous views); ``dtype``:
-    "as_checkpoint" or a float dtype the tensors are fed in.
+    "as_checkpoint" or a float dtype the tensors are fed in; ``check_finite``: the reload's
+    option (None: left out).
     After each feed: what it returned or which error; which layers of the model changed;
     held and peak bytes; the buffers ({layer: [[name, bytes digest, dtype, device, whether
-    it is the very tensor fed]]}, layers with tensors waiting); the names still to come; the
-    layers applied; how many transfers and applies so far, and what each apply was given
-    (names, bytes, whether the very tensors fed); how many fed tensors are still alive, and
-    their bytes. At the end (unless a layer's write failed): what ``finish`` returns or which
-    error, and every layer's digest."""
-    import weakref
+    it is the very tensor fed]]}, layers with tensors waiting); the layers applied; how many
+    transfers and applies so far, and what each apply was given (names, bytes, whether the
+    very tensors fed); how many fed tensors are still alive, and their bytes. At the end
+    (unless a layer's write failed): what ``finish`` returns or which error, and every
+    layer's digest. Once a tensor holding NaN has been fed (with ``check_finite``) the
+    contract lets the refusal come then or when its layer completes: the trace then ends
+    with one summary (refused or not; whether that layer was written)."""
     from course_lib import Engine
     from course_lib.weights.checkpoint import random_state_dict
     from course_lib.weights.commit.layerwise import LayerwiseReload, layer_key
@@ -372,25 +348,13 @@ def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_nam
     others = [n for n in new if n not in bring] + ["model.layers.0.mlp.extra_proj.weight",
                                                    "model.layers.99.mlp.up_proj.weight", "model.unknown.weight"]
     plan = _feed_plan(bring, order, faults, stop_short, gen)
-    start = _layer_digests(model)
-    reload = LayerwiseReload(model, list(bring), device)
-    transfers, applies = [0], []
-    real_transfer, real_apply = reload._transfer, reload._apply
-    fed = {}  # name: weak references to the tensors fed under it
-
-    def is_fed(name, t):
-        return any(r() is t for r in fed.get(name, ()))
-
-    def counted_transfer(tensor):
-        transfers[0] += 1
-        return real_transfer(tensor)
-
-    def logged_apply(key, tensors):
-        applies.append([key, sorted([str(n), digest(t), is_fed(n, t)] for n, t in tensors)])
-        return real_apply(key, tensors)
-    reload._transfer, reload._apply = counted_transfer, logged_apply
-
-    alive, trace, write_failed = [], [], False
+    option = {} if check_finite is None else {"check_finite": check_finite}  # None: left out (its default)
+    reload = LayerwiseReload(model, list(bring), device, **option)
+    check_finite = check_finite is not False
+    fed_names = {n for k, n in plan if k in ("feed", "nan")}
+    completes = {key for key in {layer_key(n) for n in bring} if all(n in fed_names for n in bring if layer_key(n) == key)}
+    watched = _Watched(reload, model, completes)
+    trace = []
     for kind, name in plan:
         if kind == "unknown":
             name = others[name % len(others)]
@@ -402,36 +366,88 @@ def layerwise(config: int, quantization, seed: int, bring_layers: list, drop_nam
             t.view(-1)[int(torch.randint(t.numel(), (1,), generator=gen))] = float("nan")
         if layout == "transposed" and t.dim() == 2:
             t = t.t().contiguous().t()
-        fed.setdefault(name, []).append(weakref.ref(t))
-        alive.append((weakref.ref(t), t.numel() * t.element_size()))
+        entry = watched.feed(kind, name, t, nan_refusal_open=check_finite)
+        del t
+        if entry is None:
+            continue  # after a NaN was fed: only the summary is compared
+        trace.append(entry)
+        if entry.get("stop"):
+            return trace
+    if watched.nan_key is not None and check_finite:
+        trace.append(watched.nan_summary(refused=False))
+        return trace
+    trace.append(watched.end())
+    return trace
+
+
+class _Watched:
+    """A LayerwiseReload fed and watched: its ``_transfer`` and ``_apply`` (the calls the
+    contract names) wrapped on the instance to count and log them; the real ones run."""
+
+    def __init__(self, reload, model, completes: set):
+        self.reload, self.model, self.completes = reload, model, completes
+        self.start = _layer_digests(model)
+        self.transfers, self.applies, self.alive, self.fed = [0], [], [], {}
+        self.nan_key = None
+        real_transfer, real_apply = reload._transfer, reload._apply
+
+        def counted_transfer(tensor):
+            self.transfers[0] += 1
+            return real_transfer(tensor)
+
+        def logged_apply(key, tensors):
+            self.applies.append([key, sorted([str(n), digest(t), self.is_fed(n, t)] for n, t in tensors)])
+            return real_apply(key, tensors)
+        reload._transfer, reload._apply = counted_transfer, logged_apply
+
+    def is_fed(self, name, t):
+        return any(r() is t for r in self.fed.get(name, ()))
+
+    def changed(self):
+        now = _layer_digests(self.model)
+        return sorted(k for k in now if now[k] != self.start.get(k))
+
+    def feed(self, kind, name, t, nan_refusal_open: bool):
+        from course_lib.weights.commit.layerwise import layer_key
+        self.fed.setdefault(name, []).append(weakref.ref(t))
+        self.alive.append((weakref.ref(t), t.numel() * t.element_size()))
+        if kind == "nan" and nan_refusal_open and self.nan_key is None:
+            self.nan_key = layer_key(name)
         try:
-            entry = {"op": [kind, name], "returned": repr(reload.feed(name, t))}
+            entry = {"op": [kind, name], "returned": repr(self.reload.feed(name, t))}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
             entry = {"op": [kind, name], "raised": type(exc).__name__}
-            write_failed = bool(applies) and applies[-1][0] not in reload.applied
-        del t
         gc.collect(0)  # a young cycle (a traceback's frames) holds no tensor past this point
-        now = _layer_digests(model)
-        entry["layers_changed"] = sorted(k for k in now if now[k] != start.get(k))
-        if write_failed:  # what the reload holds after a failed write is left free by the contract
-            trace.append(entry)
-            break
+        if self.nan_key is not None:
+            if "raised" in entry and kind in ("nan", "feed"):
+                return self.nan_summary(refused=entry["raised"])
+            return None
+        entry["layers_changed"] = self.changed()
+        if "raised" in entry and self.applies and self.applies[-1][0] not in self.reload.applied:
+            entry["stop"] = True  # what the reload holds after a failed write is left free by the contract
+            return entry
+        r = self.reload
         entry.update(
-            held_bytes=reload.held_bytes, peak_held_bytes=reload.peak_held_bytes,
-            buffers={str(k): _waiting(v, is_fed) for k, v in sorted(reload.buffers.items()) if v},
-            remaining={str(k): sorted(v) for k, v in sorted(reload.remaining.items()) if v},
-            applied=list(reload.applied), transfers=transfers[0], applies=applies[:],
-            fed_alive=sum(1 for r, _ in alive if r() is not None),
-            fed_alive_bytes=sum(n for r, n in alive if r() is not None))
-        trace.append(entry)
-    if not write_failed:
+            held_bytes=r.held_bytes, peak_held_bytes=r.peak_held_bytes,
+            buffers={str(k): _waiting(v, self.is_fed) for k, v in sorted(r.buffers.items()) if v},
+            applied=list(r.applied), transfers=self.transfers[0], applies=self.applies[:],
+            fed_alive=sum(1 for ref, _ in self.alive if ref() is not None),
+            fed_alive_bytes=sum(n for ref, n in self.alive if ref() is not None))
+        return entry
+
+    def nan_summary(self, refused) -> dict:
+        """Refused (the error's type) or not, where the plan completes the NaN's layer (else
+        the refusal may come or not); whether that layer was written."""
+        said = refused if self.nan_key in self.completes else "free: its layer never completes"
+        return {"after_nan": {"refused": said, "nan_layer_written": self.nan_key in self.changed()}, "stop": True}
+
+    def end(self) -> dict:
         try:
-            stats = reload.finish()
+            stats = self.reload.finish()
             end = {"finish": {k: v for k, v in stats.items() if k != "gpu_peak_extra_bytes"}}
             if "gpu_peak_extra_bytes" in stats:  # the allocator's figure: compared within a bound by the test
                 end["gpu_peak_extra_bytes"] = stats["gpu_peak_extra_bytes"]
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
             end = {"finish_raised": type(exc).__name__}
-        end["layers"] = _layer_digests(model)
-        trace.append(end)
-    return trace
+        end["layers"] = _layer_digests(self.model)
+        return end

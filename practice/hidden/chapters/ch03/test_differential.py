@@ -1,17 +1,18 @@
-"""Chapter 03, differential: the learner's quantizers, staging loader and in-place
-requantization beside the reference's, on the same random weights and layers (every float
-dtype, empty and non-contiguous weights, zero rows and tiles, exact rounding ties, tiny
-and huge magnitudes, NaN and infinities, partial FP8 tiles; shards through either loader,
-in any order, of the wrong shape). Everything is compared bit for bit on the CPU: the
-integers and scales, their shapes, dtypes and devices, which error, that the weight is
-left alone, the kernel tensors' objects and addresses, what staging is left. And the
-layer-by-layer reload buffer fed the same tensors in the same orders (layers interleaved,
-names refused, one sent twice, a NaN layer, an update cut short): after every feed, what it
-held and counted, what it wrote and when, what it handed to the model.
+"""Chapter 03, differential: the learner's quantizers, requantization pass and
+layer-by-layer reload beside the reference's, on the same random weights and layers.
+
+The quantizers: every float dtype, empty and non-contiguous weights, sizes that are and are
+not multiples of the block (the default 128 included), zero rows and tiles, exact rounding
+ties, tiny and huge magnitudes, NaN and infinities; every block size drawn, the default
+included. The pass: up to four layers of every kind (plain, gate/up, q/k/v), in rounds of
+shards that complete a layer or leave it waiting, NaN in a staged weight, with and without
+``allow_pending``, staging in every model dtype. The reload: tensors fed in the same orders
+(layers interleaved, names refused, one sent twice, a NaN layer, an update cut short,
+``check_finite`` on and off): after every feed, what it held and counted, what it wrote and
+when, what it handed to the model. Everything is compared bit for bit on the CPU.
 See ``scenarios_ch03.py`` (run in both editions) and ``shared/twin.py``.
 
-The requantization case uses a stand-in quantizer and the staging case its own row
-arithmetic, so a mistake in exercises 1 and 4 does not show up in them.
+The pass uses a stand-in quantizer, so a mistake in exercises 1 and 2 does not show up in it.
 """
 import pytest
 from hypothesis import example, given
@@ -36,6 +37,9 @@ def same(reference, scenario, kw, shown, n, title):
 
 
 shapes = st.one_of(st.lists(st.integers(0, 9), min_size=2, max_size=2),
+                   st.lists(st.integers(0, 9), min_size=2, max_size=2),
+                   st.lists(st.integers(120, 300), min_size=2, max_size=2),  # around the default block
+                   st.tuples(st.integers(1, 300), st.integers(1, 300)).map(list),
                    st.lists(st.integers(1, 4), min_size=1, max_size=3))
 weights = st.fixed_dictionaries({"shape": shapes, "dtype": st.sampled_from(FLOATS),
                                  "layout": st.sampled_from(["contiguous", "contiguous", "transposed"]),
@@ -78,6 +82,8 @@ def test_quantize_int8_matches_the_reference(reference, weight):
 @example(weight=w([8, 8], "zero_row"), block=4)          # an all-zero tile gets scale 1
 @example(weight=w([4, 4], "zero_row"), block=None)
 @example(weight=w([130, 3], dtype="bfloat16"), block=None)  # two row tiles of the default 128
+@example(weight=w([256, 129], "zero_row", dtype="float16"), block=None)
+@example(weight=w([3, 260], "ties"), block=128)
 @example(weight=w([0, 5]), block=2)
 @example(weight=w([5, 0]), block=2)
 @example(weight=w([4, 4], "inf"), block=2)
@@ -88,70 +94,57 @@ def test_quantize_int8_matches_the_reference(reference, weight):
 @example(weight=w([3, 8], "large", dtype="float64"), block=4)
 def test_quantize_fp8_matches_the_reference(reference, weight, block):
     same(reference, "quantize", dict(weight, which="fp8", block=block),
-         f"quantize_fp8_block(a weight {weight}, block={block})", 4, "FP8 block quantization")
+         f"quantize_fp8_block(a weight {weight}, block={block})", 2, "FP8 block quantization")
 
 
-# ---- ch03.requantize_in_place ----------------------------------------------------------------
+# ---- ch03.requantize_layers ------------------------------------------------------------------
 
-@pytest.mark.exercise("ch03.requantize_in_place")
-@DIFFERENTIAL
-@given(method=st.sampled_from(["int8", "fp8"]), out_features=st.integers(1, 9), in_features=st.integers(1, 9),
-       staged=st.sampled_from(["float", "float", "nan", "none"]),
-       shards=st.sampled_from([[None], ["q", "k", "v"], [0, 1]]), seed=st.integers(0, 10_000),
-       rounds=st.integers(1, 3))
-@example(method="int8", out_features=4, in_features=6, staged="float", shards=["q", "k", "v"], seed=0, rounds=2)
-@example(method="fp8", out_features=3, in_features=5, staged="float", shards=[0, 1], seed=1, rounds=2)
-@example(method="int8", out_features=4, in_features=6, staged="none", shards=[], seed=2, rounds=1)  # nothing staged
-@example(method="fp8", out_features=4, in_features=6, staged="nan", shards=[None], seed=3, rounds=1)  # refused
-def test_requantize_in_place_matches_the_reference(reference, method, out_features, in_features, staged, shards,
-                                                   seed, rounds):
-    kw = dict(method=method, out_features=out_features, in_features=in_features, staged=staged, shards=shards,
-              seed=seed, rounds=rounds)
-    same(reference, "requantize", kw, f"process_weights_after_loading(layer), {rounds} rounds, on {kw}", 3,
-         "Requantize in place")
+SHARDS = {"plain": 1, "merged": 2, "qkv": 3}
 
-
-# ---- ch03.stage_shard ------------------------------------------------------------------------
 
 @st.composite
-def stagings(draw):
-    tp = draw(st.sampled_from([1, 2]))
-    kind = draw(st.sampled_from(["plain", "merged", "qkv"]))
-    if kind == "plain":
-        sizes, ids = [tp * draw(st.integers(1, 4))], [None]
-    elif kind == "merged":
-        sizes, ids = [tp * draw(st.integers(1, 4)) for _ in range(2)], [0, 1]
-    else:
-        kv = tp * draw(st.integers(1, 2))
-        sizes, ids = [kv * draw(st.integers(1, 2)), kv], ["q", "k", "v"]
-    shard = st.tuples(st.sampled_from(ids), st.sampled_from(["weight_loader", "local_loader"]),
-                      st.sampled_from(["right", "right", "right", "wrong_shape"])).map(list)
-    return {"kind": kind, "sizes": sizes, "hidden": draw(st.integers(2, 5)), "tp_size": tp,
-            "rank": draw(st.integers(0, tp - 1)), "method": draw(st.sampled_from(["int8", "fp8"])),
-            "dtype": draw(st.sampled_from(["float32", "bfloat16"])),
-            "param_name": draw(st.sampled_from([None, "model.layers.0.self_attn.qkv_proj.weight"])),
-            "shards": draw(st.lists(shard, min_size=1, max_size=5)), "seed": draw(st.integers(0, 10_000))}
+def passes(draw):
+    kinds = [[draw(st.sampled_from(list(SHARDS))), draw(st.integers(1, 5)), draw(st.integers(1, 6))]
+             for _ in range(draw(st.integers(1, 4)))]
+
+    def spec(kind):
+        every = list(range(SHARDS[kind]))
+        arrive = st.one_of(st.just(every), st.just(every), st.just([]),
+                           st.lists(st.sampled_from(every), max_size=SHARDS[kind], unique=True))
+        return st.tuples(arrive, st.sampled_from(["float", "float", "float", "nan"])).map(list)
+    rounds = [[draw(spec(k[0])) for k in kinds] for _ in range(draw(st.integers(1, 3)))]
+    return {"method": draw(st.sampled_from(["int8", "fp8"])), "kinds": kinds, "rounds": rounds,
+            "allow_pending": draw(st.lists(st.sampled_from([True, False, None]), min_size=1, max_size=3)),
+            "dtype": draw(st.sampled_from(["float32", "bfloat16", "float16"])), "seed": draw(st.integers(0, 10_000))}
 
 
-def staging(kind, sizes, shards, tp_size=2, rank=1, method="int8", dtype="bfloat16", param_name="w.weight"):
-    return {"kind": kind, "sizes": sizes, "hidden": 4, "tp_size": tp_size, "rank": rank, "method": method,
-            "dtype": dtype, "param_name": param_name, "shards": shards, "seed": 0}
+def a_pass(kinds, rounds, allow_pending=(False,), method="int8", dtype="bfloat16", seed=0):
+    return {"method": method, "kinds": kinds, "rounds": rounds, "allow_pending": list(allow_pending), "dtype": dtype,
+            "seed": seed}
 
 
-@pytest.mark.exercise("ch03.stage_shard")
+ALL = [0, 1, 2]
+
+
+@pytest.mark.exercise("ch03.requantize_layers")
 @DIFFERENTIAL
-@given(case=stagings())
-# q, k, v in another order through both loaders: one staging tensor, each shard in its rows.
-@example(case=staging("qkv", [4, 2], [["v", "weight_loader", "right"], ["q", "local_loader", "right"],
-                                      ["k", "weight_loader", "right"]]))
-# A shard of the wrong shape is refused (named) and not recorded; the next one still lands.
-@example(case=staging("merged", [4, 2], [[1, "weight_loader", "right"],
-                                         [0, "local_loader", "wrong_shape"], [0, "weight_loader", "right"]]))
-@example(case=staging("merged", [2, 2], [[0, "weight_loader", "wrong_shape"]], method="fp8", param_name=None))
-@example(case=staging("plain", [4], [[None, "weight_loader", "right"]], tp_size=1, rank=0, dtype="float32"))
-def test_stage_shard_matches_the_reference(reference, case):
-    same(reference, "stage", case, f"shards fed to a quantized layer's weight shell: {case}", 2,
-         "Stage each shard")
+@given(case=passes())
+# Three complete layers: each written in place, nothing staged left, in order.
+@example(case=a_pass([["qkv", 2, 3], ["plain", 3, 4], ["merged", 2, 5]], [[[ALL, "float"], [[0], "float"], [[0, 1], "float"]]]))
+# q alone, then (with allow_pending) the rest in a second round.
+@example(case=a_pass([["qkv", 2, 3], ["plain", 2, 2]], [[[[0], "float"], [[0], "float"]], [[[1, 2], "float"], [[], "float"]]],
+                     allow_pending=[True, False], method="fp8"))
+# The same without allow_pending (left out: its default): refused whole, nothing written, nothing kept.
+@example(case=a_pass([["plain", 2, 2], ["qkv", 2, 3]], [[[[0], "float"], [[0], "float"]]], allow_pending=[None]))
+# A NaN in the last layer: the first one must not have been written.
+@example(case=a_pass([["plain", 3, 4], ["merged", 2, 2]], [[[[0], "float"], [[0, 1], "nan"]]], dtype="float32"))
+# A NaN in a waiting layer with allow_pending: it waits; nothing refuses yet.
+@example(case=a_pass([["plain", 3, 4], ["qkv", 1, 2]], [[[[0], "float"], [[0], "nan"]]], allow_pending=[True]))
+# Nothing staged at all.
+@example(case=a_pass([["plain", 2, 2]], [[[[], "float"]]]))
+def test_requantize_layers_matches_the_reference(reference, case):
+    same(reference, "requantize", case, f"rounds of staging then process_weights_after_loading(...), on {case}", 3,
+         "The requantization pass")
 
 
 # ---- ch03.layerwise_buffer -------------------------------------------------------------------
@@ -160,19 +153,21 @@ def test_stage_shard_matches_the_reference(reference, case):
 # (its type; the message is left free); which layers of the model changed (a layer is written
 # when its last tensor arrives, never before, and a refused name writes nothing); the held
 # and peak bytes the reload counts; the tensors waiting, per layer, with their bytes, dtype,
-# device and whether each is the very tensor fed (no copy on the engine's device); the names
-# still to come; the layers applied; how many times ``_transfer`` and ``_apply`` were called
-# and what each apply was given, bit for bit; how many fed tensors are still alive, and their
-# bytes (a layer's buffers are dropped once it is written). At the end: ``finish``'s report or
-# its error, and every layer of the model, bit for bit. Left free by the contract and not
-# compared: a layer left with no tensor waiting may keep an empty entry in ``buffers`` or
-# ``remaining``; what the reload holds after a layer's write failed (the trace stops there).
+# device and whether each is the very tensor fed (no copy on the engine's device); the layers
+# applied; how many times ``_transfer`` and ``_apply`` were called and what each apply was
+# given, bit for bit; how many fed tensors are still alive, and their bytes (a layer's
+# tensors are let go once it is written). At the end: ``finish``'s report or its error, and
+# every layer of the model, bit for bit. Left free by the contract and not compared: the
+# order of a layer's tensors in ``buffers``; the reload's own bookkeeping; what it holds
+# after a layer's write failed (the trace stops there); where a NaN is refused (when it
+# arrives or when its layer completes: after a NaN is fed only the refusal and that layer's
+# weights are compared).
 
 def layerwise_case(config=0, quantization=None, seed=0, bring_layers=(), drop_names=(), order="layers", faults=(),
-                   stop_short=0, layout="contiguous", dtype="as_checkpoint"):
+                   stop_short=0, layout="contiguous", dtype="as_checkpoint", check_finite=True):
     return dict(config=config, quantization=quantization, seed=seed, bring_layers=list(bring_layers),
                 drop_names=list(drop_names), order=order, faults=[list(f) for f in faults], stop_short=stop_short,
-                layout=layout, dtype=dtype)
+                layout=layout, dtype=dtype, check_finite=check_finite)
 
 
 layerwise_cases = st.builds(
@@ -183,7 +178,8 @@ layerwise_cases = st.builds(
     faults=st.lists(st.tuples(st.sampled_from(["unknown", "twice", "twice", "nan"]), st.integers(0, 40),
                               st.integers(0, 40)), max_size=3),
     stop_short=st.sampled_from([0, 0, 0, 0, 1, 3]), layout=st.sampled_from(["contiguous", "contiguous", "transposed"]),
-    dtype=st.sampled_from(["as_checkpoint", "as_checkpoint", "float32", "bfloat16"]))
+    dtype=st.sampled_from(["as_checkpoint", "as_checkpoint", "float32", "bfloat16"]),
+    check_finite=st.sampled_from([True, True, None, False]))  # None: the option left out
 
 
 def layerwise_same(reference, case):
@@ -198,7 +194,7 @@ def _feeds(trace):
 
 def _told(case):
     return (f"the scenario (a LayerwiseReload on a tiny model, see scenarios_ch03.layerwise): {case}\n"
-            + explain(5, "The layer-by-layer reload buffer"))
+            + explain(4, "The layer-by-layer reload"))
 
 
 @pytest.mark.exercise("ch03.layerwise_buffer")
@@ -218,6 +214,8 @@ def _told(case):
 @example(case=layerwise_case(config=2, seed=11, bring_layers=[2], drop_names=[0, 3]))  # part of a layer
 @example(case=layerwise_case(config=1, seed=12, layout="transposed", dtype="float32"))  # views, another dtype
 @example(case=layerwise_case(config=0, quantization="int8", seed=13, layout="transposed", dtype="bfloat16"))
+@example(case=layerwise_case(config=0, seed=14, faults=[("nan", 0, 3)], check_finite=False))  # written as it came
+@example(case=layerwise_case(config=1, quantization="fp8", seed=15, faults=[("nan", 0, 2)], check_finite=False))
 def test_layerwise_buffer_matches_the_reference(reference, case):
     layerwise_same(reference, case)
 
@@ -237,4 +235,4 @@ def test_layerwise_buffer_on_the_gpu_matches_the_reference(reference, case):
     twin.compare_traces(_feeds(theirs), mine, theirs, _told(case))
     assert peaks[1] is not None and peaks[0] is not None and peaks[0] <= peaks[1] + (64 << 10), (
         f"on {case}: the GPU allocator's peak above the start was {peaks[0]} bytes, the reference's {peaks[1]}: "
-        f"a reload holds about one layer; {explain(5, 'The layer-by-layer reload buffer')}")
+        f"a reload holds about one layer; {explain(4, 'The layer-by-layer reload')}")

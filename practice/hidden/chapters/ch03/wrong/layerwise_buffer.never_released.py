@@ -1,11 +1,14 @@
 key = layer_key(name)
-if name not in self.remaining.get(key, ()):
+held = self.buffers.get(key, [])
+if name not in self.layers.get(key, ()) or key in self.applied or name in (n for n, _ in held):
     raise UpdateError(f"{name}: not expected by this update (or sent twice)")
 tensor = self._transfer(tensor)
-self.buffers.setdefault(key, []).append((name, tensor))
+held.append((name, tensor))
+self.buffers[key] = held
 self._hold(tensor.numel() * tensor.element_size())
-self.remaining[key].discard(name)
-if not self.remaining[key]:
-    tensors = self.buffers[key]      # applied, but left in the buffer
-    self._apply(key, tensors)
-    self._hold(-sum(t.numel() * t.element_size() for _, t in tensors))
+if len(self.buffers[key]) == len(self.layers[key]) and key not in self.applied:
+    pairs = self.buffers[key]      # written, but left in the buffer
+    if self.check_finite:
+        check_finite(pairs)
+    self._apply(key, pairs)
+    self._hold(-sum(t.numel() * t.element_size() for _, t in pairs))

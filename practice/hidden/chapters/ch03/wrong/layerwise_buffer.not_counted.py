@@ -1,8 +1,12 @@
 key = layer_key(name)
-if name not in self.remaining.get(key, ()):
+held = self.buffers.get(key, [])
+if name not in self.layers.get(key, ()) or key in self.applied or name in (n for n, _ in held):
     raise UpdateError(f"{name}: not expected by this update (or sent twice)")
 tensor = self._transfer(tensor)
-self.buffers.setdefault(key, []).append((name, tensor))
-self.remaining[key].discard(name)
-if not self.remaining[key]:
-    self._apply(key, self.buffers.pop(key))
+held.append((name, tensor))
+self.buffers[key] = held
+if len(self.buffers[key]) == len(self.layers[key]):
+    pairs = self.buffers.pop(key)
+    if self.check_finite:
+        check_finite(pairs)
+    self._apply(key, pairs)

@@ -1,12 +1,15 @@
 key = layer_key(name)
-if name not in self.remaining.get(key, ()):
+held = self.buffers.get(key, [])
+if name not in self.layers.get(key, ()) or key in self.applied or name in (n for n, _ in held):
     raise UpdateError(f"{name}: not expected by this update (or sent twice)")
 tensor = self._transfer(tensor)
-self.buffers.setdefault(key, []).append((name, tensor))
+held.append((name, tensor))
+self.buffers[key] = held
 self._hold(tensor.numel() * tensor.element_size())
-self.remaining[key].discard(name)
-if not any(self.remaining.values()):   # waits for the whole model
+if sum(len(v) for v in self.buffers.values()) == sum(len(v) for v in self.layers.values()):   # waits for the whole model
     for k in list(self.buffers):
-        tensors = self.buffers.pop(k)
-        self._apply(k, tensors)
-        self._hold(-sum(t.numel() * t.element_size() for _, t in tensors))
+        pairs = self.buffers.pop(k)
+        if self.check_finite:
+            check_finite(pairs)
+        self._apply(k, pairs)
+        self._hold(-sum(t.numel() * t.element_size() for _, t in pairs))

@@ -1,0 +1,12 @@
+key = layer_key(name)
+held = self.buffers.get(key, [])
+if name not in self.layers.get(key, ()) or key in self.applied or name in (n for n, _ in held):
+    raise UpdateError(f"{name}: not expected by this update (or sent twice)")
+tensor = self._transfer(tensor)
+held.append((name, tensor))
+self.buffers[key] = held
+self._hold(tensor.numel() * tensor.element_size())
+if len(self.buffers[key]) == len(self.layers[key]):
+    pairs = self.buffers.pop(key)
+    self._apply(key, pairs)   # NaN and inf written as they come
+    self._hold(-sum(t.numel() * t.element_size() for _, t in pairs))
