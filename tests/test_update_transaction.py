@@ -1,5 +1,6 @@
 """The update transaction: validate, then commit in place. Faults change nothing; hot equals
 cold; the address audit catches an updater that rebinds instead of copying."""
+import inspect
 import json
 import shutil
 
@@ -182,3 +183,27 @@ def test_audit_has_no_aba_hole_when_memory_is_freed_and_reused():
             assert model.weight.data_ptr() != original, (shape, rebinds)
             with pytest.raises(AddressMovedError, match="weight: data_ptr changed"):
                 audit.verify(model)
+
+
+def test_update_methods_bind_arguments_as_their_signatures_say(ckpts):
+    """SGLang's method names are adapters bound by hand (not Signature.bind): positional and
+    keyword calls land in the same fields, and a wrong call is a TypeError naming the argument,
+    before anything is built or changed."""
+    engine = Engine(ckpts[0])
+    before = snapshot(engine)
+    names = list(inspect.signature(Engine.update_weights_from_disk).parameters)[1:]
+    assert names[:2] == ["model_path", "weight_version"]
+    positional = engine.update_weights_from_disk(str(ckpts[1]), "v-pos")
+    assert positional["success"] and engine.weight_version == "v-pos"
+    keyword = engine.update_weights_from_disk(model_path=str(ckpts[0]), weight_version="v-kw")
+    assert keyword["success"] and engine.weight_version == "v-kw"
+    assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items()), "back to the first checkpoint"
+    count = engine.weight_update_count
+    for call, words in [(lambda: engine.update_weights_from_disk(), "'model_path'"),
+                        (lambda: engine.update_weights_from_disk(str(ckpts[1]), model_path=str(ckpts[1])),
+                         "multiple values for argument 'model_path'"),
+                        (lambda: engine.update_weights_from_disk(str(ckpts[1]), colour="red"), "'colour'"),
+                        (lambda: engine.update_weights_from_disk(*[None] * (len(names) + 1)), "arguments")]:
+        with pytest.raises(TypeError, match=words):
+            call()
+    assert engine.weight_version == "v-kw" and engine.weight_update_count == count, "a wrong call changed nothing"

@@ -43,13 +43,28 @@ class Method:
         return inspect.Signature(params)
 
     def adapter(self):
-        """The method: arguments bound by the signature, split between the source and the options."""
+        """The method: arguments bound by name (as the signature says), split between the
+        source and the options. Bound by hand, not with ``Signature.bind``: an adapter runs
+        on every update, and binding costs more than a small update's own host work."""
         signature, source_names = self.signature(), set(self._fields(self.source))
+        names = self.params.split()
+        allowed = frozenset(names)
+        required = [p.name for p in list(signature.parameters.values())[1:] if p.default is inspect.Parameter.empty]
         row = self
 
         def method(engine, *args, **kwargs):
-            given = signature.bind(engine, *args, **kwargs).arguments
-            given.pop("self")
+            if len(args) > len(names):
+                raise TypeError(f"{row.name}() takes {len(names)} arguments after self ({len(args)} given)")
+            given = dict(zip(names, args))
+            for key, value in kwargs.items():
+                if key in given:
+                    raise TypeError(f"{row.name}() got multiple values for argument {key!r}")
+                if key not in allowed:
+                    raise TypeError(f"{row.name}() got an unexpected keyword argument {key!r}")
+                given[key] = value
+            missing = [name for name in required if name not in given]
+            if missing:
+                raise TypeError(f"{row.name}() missing required arguments: {', '.join(map(repr, missing))}")
             source = row.source(**{k: v for k, v in given.items() if k in source_names})
             return engine.update(source, UpdateOptions(**{k: v for k, v in given.items() if k not in source_names}))
         method.__name__ = method.__qualname__ = self.name

@@ -38,8 +38,8 @@ from course_lib.layers.rotary import RotaryEmbedding
 from course_lib.history import UPDATE_HISTORY_SIZE, History
 from course_lib.update.one_call import asks_for_one_call, with_pause
 from course_lib.update.port import Parts, UpdatePort
-from course_lib.update.records import (AUDIT_ALL, Applied, Audit, PartialWrite, PhaseTimer, Snapshot, UpdateOptions,
-                                       UpdatePlan, UpdateResult)
+from course_lib.update.records import (AUDIT_ALL, AUDIT_NONE, Applied, Audit, PartialWrite, PhaseTimer, Snapshot,
+                                       UpdateOptions, UpdatePlan, UpdateResult)
 from course_lib.update.sources.base import UpdateSource
 from course_lib.update.transfers import Transfers
 from course_lib.update.writers import WRITERS, restore
@@ -109,7 +109,7 @@ class Updater:
                 self.take_snapshot()
                 timer.lap("snapshot")
             record = self._settle_requests(options, timer)
-            applied = self._write(plan, data, timer)
+            applied = self._write(port, plan, data, timer)
         finally:
             source.release()
         return self._finish(plan, applied, record, options, timer)
@@ -136,15 +136,17 @@ class Updater:
             timer.lap("wait")
         return record
 
-    def _write(self, plan: UpdatePlan, data, timer: PhaseTimer) -> Applied:
-        """The plan's writer, the runtime config fields, the address audit."""
+    def _write(self, port: UpdatePort, plan: UpdatePlan, data, timer: PhaseTimer) -> Applied:
+        """The plan's writer, the runtime config fields, the address audit (none when the
+        writer checked its own destinations: ``AUDIT_NONE``)."""
         try:
-            applied = WRITERS[plan.writer](self.port, plan, data, timer)
+            applied = WRITERS[plan.writer](port, plan, data, timer)
             if plan.config is not None:
                 changed = self.apply_runtime_config(plan.config)
                 if changed:
                     applied.fields["config_applied"] = changed
-            self.verify_addresses(applied.audit)
+            if applied.audit != AUDIT_NONE:
+                self.verify_addresses(applied.audit)
         except AddressMovedError as exc:
             self.unhealthy = str(exc)
             raise
