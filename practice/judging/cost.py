@@ -61,18 +61,25 @@ def count(path: Path, root: Path, timeout: float = 300.0) -> dict:
 def report(chapter: str, path: Path, root: Path) -> int:
     """Print the counts beside the reference's; 0 when counted, 1 when the scenario failed,
     3 when the part is not written yet (nothing to count)."""
+    return measure(chapter, path, root)[0]
+
+
+def measure(chapter: str, path: Path, root: Path) -> tuple[int, dict | None]:
+    """``report``'s exit code and {proxy: (yours, reference)} (None when nothing was counted)."""
     module = load(path)
     got = count(path, root)
     print(f"{chapter} · cost proxies of {module.PART} (this machine, no GPU needed; not a grade)")
     if "not_written" in got:
         print(f"  not written yet: {got['not_written']}")
-        return 3
+        return 3, None
     if "error" in got:
         print(f"  {got['error']}")
-        return 1
+        return 1, None
     print(f"  {'':<42}{'yours':>14}{'reference':>14}")
+    pairs = {}
     for key, label in LABELS.items():
         mine, ref = got["costs"][key], module.REFERENCE[key]
         flag = "  <- more than the reference" if mine > ref else ""
         print(f"  {label:<42}{mine:>14,}{ref:>14,}{flag}")
-    return 0
+        pairs[key] = (mine, ref)
+    return 0, pairs

@@ -103,6 +103,18 @@ def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 
     raise NotPassed(f"{exercise_id}: {why}; read {result['notebook']}, section “{exercise['section']}”")
 
 
+def cost_proxies(chapter_id: str, root: Path | None = None) -> dict | None:
+    """A chapter's speed part counted on the learner's course_lib (``judge.py cost``):
+    prints each proxy beside the reference's and returns {proxy: (yours, reference)}, or
+    None when the part is not written yet or its scenario failed (said in the print). Not
+    a grade: it never raises for a count above the reference's."""
+    from judging import cost
+    path = cost.cost_file(JUDGE.parent / "chapters" / chapter_id)
+    if path is None:
+        raise ValueError(f"{chapter_id} has no cost proxies (practice/chapters/{chapter_id}/cost.py)")
+    return cost.measure(chapter_id, path, Path(root) if root else course_root())[1]
+
+
 def public_checks(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
     """Run the public tests of one exercise (``"ch02.wait_drain"``) on the learner's own
     course_lib (``root``: the edition holding it, found as ``course_root`` does), print one
