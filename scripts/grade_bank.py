@@ -1,6 +1,7 @@
 """Grade a bank of wrong answers: does the judge catch each one?
 
     python scripts/grade_bank.py ANSWERS_DIR [--jobs 2] [--json] [--out DIR]
+    python scripts/grade_bank.py DIR/bank.json --out DIR    # rewrite summary.md only
 
 ANSWERS_DIR holds ``<chapter>/<region_name>.<label>.py`` files, each the replacement body
 of one exercise region (written at the stub's indentation; an optional first line
@@ -28,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+VERDICTS = ("caught", "not caught", "gpu-only", "syntax", "error")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from practice.judging import regions  # noqa: E402
@@ -90,6 +92,10 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     p.add_argument("--out", type=Path, help="also write bank.json and summary.md here")
     args = p.parse_args()
+    if args.answers.suffix == ".json":
+        (args.out or args.answers.parent).joinpath("summary.md").write_text(
+            markdown(json.loads(args.answers.read_text(encoding="utf-8"))), encoding="utf-8")
+        return
     files = sorted(args.answers.glob("ch*/*.py"))
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(grade, files))
@@ -97,6 +103,7 @@ def main() -> None:
     caught = sum(r["verdict"] == "caught" for r in counted)
     summary = {"answers": len(rows), "counted": len(counted), "caught": caught,
                "catch_rate": round(caught / len(counted), 3) if counted else None,
+               "verdicts": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
                "seconds_per_answer": round(sum(r["seconds"] for r in rows) / max(len(rows), 1), 2),
                "rows": rows}
     if args.out:
@@ -119,8 +126,15 @@ def markdown(summary: dict) -> str:
     out = ["# Wrong-answer bank", "",
            f'{summary["caught"]} of {summary["counted"]} counted answers caught '
            f'({summary["catch_rate"]}); {summary["answers"]} answers in all; '
-           f'{summary["seconds_per_answer"]} s per answer.', "",
-           "| region | answers | caught | not caught / other |", "|---|---|---|---|"]
+           f'{summary["seconds_per_answer"]} s per answer. Verdicts: '
+           + ", ".join(f'{v} {sum(r["verdict"] == v for r in summary["rows"])}' for v in VERDICTS) + ".", "",
+           "| chapter | answers | counted | caught | rate |", "|---|---|---|---|---|"]
+    for ch in sorted({r["exercise"].split(".")[0] for r in summary["rows"]}):
+        rows = [r for r in summary["rows"] if r["exercise"].startswith(ch + ".")]
+        n = sum(r["verdict"] in ("caught", "not caught", "gpu-only") for r in rows)
+        c = sum(r["verdict"] == "caught" for r in rows)
+        out.append(f"| {ch} | {len(rows)} | {n} | {c} | {c / n if n else 0:.2f} |")
+    out += ["", "| region | answers | caught | not caught / other |", "|---|---|---|---|"]
     for ex, rows in sorted(by_region.items()):
         other = "<br>".join(f'{r["verdict"]}: `{r["answer"]}`: {r["why"]}' for r in rows if r["verdict"] != "caught")
         out.append(f'| {ex} | {len(rows)} | {sum(r["verdict"] == "caught" for r in rows)} | {other} |')
