@@ -1,0 +1,13 @@
+        # why: resumes only after a successful update, so a failed update leaves the engine paused.
+        if not isinstance(version, str) or not version:
+            raise ValueError(f"version must be a non-empty str, got {version!r}")
+        t = time.perf_counter()
+        if pause_mode is not None:
+            self.engine.pause_generation(pause_mode)
+        pause_ms = 1e3 * (time.perf_counter() - t)
+        phases, nbytes = self._update(named_tensors, version)
+        t = time.perf_counter()
+        if pause_mode is not None:
+            self.engine.continue_generation()
+        continue_ms = 1e3 * (time.perf_counter() - t)
+        return {"phases_ms": {"pause": pause_ms, **phases, "continue": continue_ms}, "bytes": nbytes}
