@@ -64,7 +64,7 @@ INSTRUCTOR_PATH = re.compile(r"(?<![\w.-])(hidden|wrong)/"
 MAY_NAME_PATHS = ("practice/judge.py", "practice/judging/", "results/")
 # Recorded runs left out of the edition: mutation runs list each mutant's whole body, a
 # reference answer with one line changed.
-RESULTS_LEFT_OUT = ("mutate*",)
+RESULTS_LEFT_OUT = ("mutate*", "wrong-bank*")
 
 
 def course_config(course_root: Path | None = None, release_root: Path | None = None):

@@ -147,7 +147,8 @@ def test_local_loader_matches_the_reference(reference, case):
 
 # ---- ch01.block_hash -------------------------------------------------------------------------
 
-BLOCKS = [[1, 2, 3, 4], [4, 3, 2, 1], [1, 2, 3, 5], [2, 1, 3, 4], [0, 0, 0, 0], [7, 7], []]
+# The last two read alike when their numbers are joined without separators.
+BLOCKS = [[1, 2, 3, 4], [4, 3, 2, 1], [1, 2, 3, 5], [2, 1, 3, 4], [0, 0, 0, 0], [7, 7], [], [1, 23, 4], [12, 3, 4]]
 
 
 @st.composite
@@ -155,8 +156,8 @@ def hash_calls(draw):
     """Calls that often repeat a block, a prefix or a salt, and chain on earlier hashes."""
     calls = []
     for i in range(draw(st.integers(1, 10))):
-        prefixes = [-1, 0, 1, 5, 12345] + [["ref", j] for j in range(i)]
-        calls.append([draw(st.sampled_from([0, 1, 2, 3])), draw(st.sampled_from(prefixes)),
+        prefixes = [-1, 0, 1, 5, 12, 12345] + [["ref", j] for j in range(i)]
+        calls.append([draw(st.sampled_from([0, 1, 2, 3, 11])), draw(st.sampled_from(prefixes)),
                       draw(st.sampled_from(BLOCKS)), draw(st.booleans())])
     return calls
 
@@ -174,6 +175,9 @@ A, B = BLOCKS[0], BLOCKS[1]
                 [0, ["ref", 1], A, False], [0, ["ref", 3], B, False]])
 @example(calls=[[1, 0, A, False], [0, 1, A, False], [1, 1, A, False], [0, 0, A, False]])
 @example(calls=[[2, -1, BLOCKS[3], False], [2, -1, A, False], [2, 5, [], False], [2, 5, [0, 0, 0, 0], False]])
+# Keys that read alike when their numbers are joined: [1, 23, 4] and [12, 3, 4]; salt 1 with
+# prefix 12 and salt 11 with prefix 2.
+@example(calls=[[0, -1, BLOCKS[7], False], [0, -1, BLOCKS[8], False], [1, 12, A, False], [11, 2, A, False]])
 def test_block_hash_matches_the_reference(reference, calls):
     same(reference, "block_hash", {"calls": calls}, f"compute_hash over the calls [salt, prefix, tokens, "
          f"as a tuple] {calls}", 5, "A chained block hash")

@@ -456,6 +456,24 @@ def test_block_hash_equal_exactly_when_salt_prefix_and_tokens_are(rng):
         f"{wrong[3]}: it must be equal exactly when the salt, the prefix and the tokens (in order) are equal")
 
 
+@block_hash
+def test_block_hash_keys_that_print_alike_are_different(rng):
+    # Keys whose numbers, written out and joined without separators, read the same: a hash of
+    # such a string would serve one request another's KV.
+    items = []
+    for label, salt, prefix, tokens in [
+            ("tokens [1, 23, 4, 5]", 0, -1, [1, 23, 4, 5]), ("tokens [12, 3, 4, 5]", 0, -1, [12, 3, 4, 5]),
+            ("tokens [1, 1, 14, 5]", 0, -1, [1, 1, 14, 5]), ("tokens [11, 1, 4, 5]", 0, -1, [11, 1, 4, 5]),
+            ("salt 1, prefix 23", 1, 23, [4, 5, 6, 7]), ("salt 12, prefix 3", 12, 3, [4, 5, 6, 7]),
+            ("prefix 1, tokens [23, 4, 5, 6]", 0, 1, [23, 4, 5, 6]), ("prefix 12, tokens [3, 4, 5, 6]", 0, 12, [3, 4, 5, 6]),
+            ("prefix -1, tokens [2, 3, 4, 5]", 0, -1, [2, 3, 4, 5]), ("prefix -12, tokens [3, 4, 5]", 0, -12, [3, 4, 5])]:
+        items.append((label, (salt, prefix, tuple(tokens)), _hash_under(salt, tokens, prefix)))
+    wrong = _first_wrong_pair(items)
+    assert wrong is None, where(
+        f"compute_hash gives {wrong[2]} for [{wrong[0]}] and [{wrong[1]}], whose salt, prefix and tokens are "
+        f"{wrong[3]}: numbers that read alike when joined are still different keys")
+
+
 def _chains(rng):
     a, b, c = (rng.sample(range(256), 4) for _ in range(3))
     named = {"A": a, "B": b, "C": c, "A'": a[:-1] + [(a[-1] + 1) % 256]}
