@@ -179,7 +179,7 @@ def test_the_checks_fail_on_a_broken_notebook(tmp_path, references):
     sys.path.insert(0, str(REPO / "practice"))
     from judging import regions
 
-    spans = next(r for r in regions.find(REPO) if r.id == "ch02.version_spans")
+    spans = next(r for r in regions.find(REPO) if r.id == "ch02.versions")
     answer = max(spans.code_lines(), key=len)
     hidden = sorted(hidden_lines("ch02"), key=len)[-1] if (HIDDEN / "ch02").is_dir() else None
 
@@ -241,7 +241,7 @@ def test_the_checks_fail_on_a_broken_notebook(tmp_path, references):
     breakages = {
         drop: "0 hint cells", duplicate: "2 hint cells", after_the_check: "after its check cell",
         swap_order: "not in order", renumber: "summary is", one_hint_only: "1 hints",
-        four_hints: "4 hints", the_answer: "gives away a line of the reference of ch02.version_spans",
+        four_hints: "4 hints", the_answer: "gives away a line of the reference of ch02.versions",
         code_block: "code block", indented_code: "indented line", nbgrader_metadata: "no nbgrader",
         no_free_line: FREE, long_hint: "sentences", code_cell: "is not markdown",
     }

@@ -218,13 +218,13 @@ def scenario_waits(tmp):
     root = _edition_with(tmp, {"ch02.pause_modes": ch02.stub(ch02.exercise("ch02.pause_modes")) + "\n"})
     public = {"COURSE_HIDDEN_DIR": str(tmp / "none")}
     program = ("import sys; sys.path.insert(0, sys.argv[1]); from judging.notebook import public_checks; "
-               "public_checks('ch02.version_tags', root=sys.argv[2])")
+               "public_checks('ch02.versions', root=sys.argv[2])")
     notebook = subprocess.run(
         [sys.executable, "-c", program, str(PRACTICE), str(root)],
         cwd=tmp, capture_output=True, text=True, timeout=500,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", **public})
-    return {"part": judge("test", "ch02", "--root", root, "--exercise", "ch02.version_tags", env=public),
-            "part json": judge("test", "ch02", "--root", root, "--exercise", "ch02.version_tags", "--json", env=public),
+    return {"part": judge("test", "ch02", "--root", root, "--exercise", "ch02.versions", env=public),
+            "part json": judge("test", "ch02", "--root", root, "--exercise", "ch02.versions", "--json", env=public),
             "chapter": judge("test", "ch02", "--root", root, env=public),
             "notebook": notebook}
 
@@ -468,27 +468,27 @@ def test_failures_show_the_call_the_values_and_the_section_without_noise(ran):
 def test_a_case_waiting_for_a_later_part_says_WAITS_as_the_notebook_does_and_is_never_complete(ran):
     runs = ran["waits"]()
     part, notebook = runs["part"], runs["notebook"]
-    case = "test_public.py::test_version_tags_in_the_engine_across_an_update"
+    case = "test_public.py::test_versions_tags_in_the_engine_across_an_update"
     why = ("it goes through ch02.pause_modes (section “Exercise 3 · The four pause modes”), which comes later "
            "and is not written yet")
     # The notebook's check cell lists the case as waiting and lets Run All go on.
     assert notebook.returncode == 0, notebook.stdout + notebook.stderr
-    assert f"WAITS   in_the_engine_across_an_update: {why}\n" in notebook.stdout, notebook.stdout
+    assert f"WAITS   tags_in_the_engine_across_an_update: {why}\n" in notebook.stdout, notebook.stdout
     # The judge prints the same verdict in the same words, and a wait is not a pass: exit 3, never "complete".
     assert case_lines(part.stdout)[case] == f"WAITS: {why}", part.stdout
     assert part.returncode == 3, part.stdout + part.stderr
-    assert "=> WAITS: 0/1 points (1 case(s) wait for ch02.pause_modes" in part.stdout
-    assert "status: incomplete: 1 case(s) wait for a later part not written yet" in part.stdout
+    assert "=> WAITS: 0/3 points (2 case(s) wait for ch02.pause_modes" in part.stdout
+    assert "status: incomplete: 2 case(s) wait for a later part not written yet" in part.stdout
     assert "complete (" not in part.stdout and "FAIL" not in part.stdout
     result = json.loads(runs["part json"].stdout)
-    assert result["status"] == "incomplete" and result["waits"] == 1 and result["failed"] == 0
+    assert result["status"] == "incomplete" and result["waits"] == 2 and result["failed"] == 0
     assert {c["case"]: (c["outcome"], c["waits_for"]) for c in result["cases"]}[case] == ("waits", "ch02.pause_modes")
     assert [e["status"] for e in result["exercises"]] == ["waits"] and result["points"] == 0
     # The whole chapter: the unwritten part fails; the part before it still only waits.
     chapter = runs["chapter"]
     assert chapter.returncode == 1 and case_lines(chapter.stdout)[case] == f"WAITS: {why}", chapter.stdout
-    assert "=> WAITS: 0/1 points" in chapter.stdout
-    assert "status: FAIL (and 1 case(s) wait for a later part" in chapter.stdout
+    assert "=> WAITS: 0/3 points" in chapter.stdout
+    assert "status: FAIL (and 2 case(s) wait for a later part" in chapter.stdout
 
 
 def test_check_covers_chapter_exercises(ran):
@@ -566,8 +566,8 @@ def test_check_verdicts_say_what_is_wrong():
 
 def test_the_gradebook_counts_an_exercise_that_waits_as_earning_nothing():
     from judging import gradebook
-    row = dict(learner="ada", item="ch02", exercise="ch02.version_tags", status="waits", points=0, max_points=1)
-    assert gradebook.totals([row]) == {"ada": {"points": 0, "max_points": 1, "complete": True, "pass": 0, "fail": 0,
+    row = dict(learner="ada", item="ch02", exercise="ch02.versions", status="waits", points=0, max_points=3)
+    assert gradebook.totals([row]) == {"ada": {"points": 0, "max_points": 3, "complete": True, "pass": 0, "fail": 0,
                                                "waits": 1, "incomplete": 0, "not submitted": 0}}
 
 

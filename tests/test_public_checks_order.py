@@ -35,11 +35,11 @@ def pause_modes_unwritten(tmp_path_factory):
 
 
 def test_a_case_through_a_later_part_waits_and_run_all_goes_on(pause_modes_unwritten, capsys):
-    public_checks("ch02.version_tags", root=pause_modes_unwritten)  # part 1: must not raise
+    public_checks("ch02.versions", root=pause_modes_unwritten)  # part 1: must not raise
     out = capsys.readouterr().out
-    assert "WAITS   in_the_engine_across_an_update: it goes through ch02.pause_modes" in out, out
-    assert "PASSED  one_per_token_in_order" in out, out
-    assert "Not complete yet" in out and "all 3 public cases passed" not in out, out
+    assert "WAITS   tags_in_the_engine_across_an_update: it goes through ch02.pause_modes" in out, out
+    assert "PASSED  tags_one_per_token_in_order" in out, out
+    assert "Not complete yet" in out and "all 7 public cases passed" not in out, out
 
 
 def test_a_case_stopped_by_an_earlier_unwritten_part_stops_run_all_naming_it(pause_modes_unwritten, capsys):

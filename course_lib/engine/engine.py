@@ -329,11 +329,7 @@ class Engine:
 
 
 def _weight_versions(seq: Sequence) -> list[dict]:
-    """An output's version spans. Only a request whose tokens came from more than one
-    version needs ``Sequence.version_spans`` (chapter 02's exercise) to find the runs;
-    tokens of one version are one span. So the chapters before 02 generate while that
-    exercise is still a stub, and every request an update crosses goes through it."""
-    if len(set(seq.token_versions)) > 1:
-        return seq.version_spans()
-    n = len(seq.token_versions)
-    return [{"version": seq.token_versions[0], "start": 0, "end": n}] if n else []
+    """An output's version spans (``Sequence.version_spans``, kept by chapter 02's
+    ``tag_token``). While that part is a stub no token is tagged, so outputs report no
+    spans and the chapters before 02 still generate."""
+    return seq.version_spans()

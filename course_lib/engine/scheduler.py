@@ -102,7 +102,7 @@ class Scheduler:
         # Chapter 02's tags not yet written (student edition): tokens are kept untagged, so
         # chapters 00 and 01 still generate; outputs then report no version spans. Asked
         # once per step (a cached lookup), never by catching the stub's error per token.
-        if not is_written(Sequence.tag_token, "ch02.version_tags"):
+        if not is_written(Sequence.tag_token, "ch02.versions"):
             version = None
         for seq, token in zip(seqs, token_ids):
             seq.append_token(token, version)

@@ -79,6 +79,7 @@ class Sequence:
         self.num_cached_tokens = 0      # tokens whose KV was found in the prefix cache
         self.prefix_hit_tokens = 0      # the same, as seen at this request's first prefill
         self.token_versions: list[str] = []  # weight version that produced each output token
+        self.spans: list[dict] = []  # runs of equal versions over the output tokens (tag_token keeps them)
         # With return_logprob: each output token's logprob under the distribution it was
         # drawn from (the sampler leaves it in next_logprob; append_token records it).
         self.return_logprob = return_logprob
@@ -125,17 +126,34 @@ class Sequence:
     def tag_token(self, version: str) -> None:
         """Record the weight version that produced the token just appended (and, with
         ``self.return_logprob``, its logprob, which the sampler left in
-        ``self.next_logprob``).
+        ``self.next_logprob``). This is the sequence's whole version bookkeeping: how it
+        is kept (``self.spans``, ``self.token_versions``) is up to you, as long as what
+        the sequence reports holds.
 
-        Promises, after every ``append_token``: ``self.token_versions`` holds one tag per
-        output token, in order, each the version live in the step that sampled that
-        token (an update between two steps changes the tag of every later token, never
-        of an earlier one). With ``self.return_logprob``, ``self.output_logprobs`` holds
-        one logprob per output token, in order, and ``self.next_logprob`` is None again
-        once its logprob is kept; without it, ``self.output_logprobs`` stays empty.
+        Promises, after every ``append_token``:
+
+        - ``self.token_versions`` holds one tag per output token, in order, each the
+          version live in the step that sampled that token (an update between two steps
+          changes the tag of every later token, never of an earlier one);
+        - ``self.version_spans()`` (it returns copies of ``self.spans``) gives one dict
+          ``{"version": v, "start": s, "end": e}`` per maximal run of equal versions, in
+          order: output tokens ``s`` to ``e - 1`` (``end`` exclusive, counted over output
+          tokens, not the prompt) were all made by ``v``, and a neighbouring run has
+          another version. The runs cover every output token exactly once (the first
+          starts at 0, each starts where the one before ended, the last ends at
+          ``len(self.token_versions)``); a version that comes back (v1, v2, v1) gives
+          three runs; no output token yet: ``[]``;
+        - with ``self.return_logprob``, ``self.output_logprobs`` holds one logprob per
+          output token, in order, and ``self.next_logprob`` is None again once its
+          logprob is kept; without it, ``self.output_logprobs`` stays empty.
         """
-        # BEGIN EXERCISE ch02.version_tags
+        # BEGIN EXERCISE ch02.versions
         self.token_versions.append(version)
+        end = len(self.token_versions)
+        if self.spans and self.spans[-1]["version"] == version:
+            self.spans[-1]["end"] = end
+        else:
+            self.spans.append({"version": version, "start": end - 1, "end": end})
         if self.return_logprob:
             self.output_logprobs.append(self.next_logprob)
             self.next_logprob = None
@@ -146,24 +164,6 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     def version_spans(self) -> list[dict]:
-        """Which weights made which output tokens, as runs (SGLang-style spans).
-
-        ``self.token_versions[i]`` is the weight version that produced output token ``i``
-        (``append_token`` records it, one per token). Returns one dict
-        ``{"version": v, "start": s, "end": e}`` per maximal run of equal versions, in
-        order: tokens ``s`` to ``e - 1`` (``end`` exclusive, counted over output tokens,
-        not the prompt) were all made by ``v``, and a neighbouring run has another
-        version. The runs cover every output token exactly once: the first starts at 0,
-        each starts where the one before ended, the last ends at
-        ``len(self.token_versions)``. No output token yet: ``[]``. A version that comes
-        back (v1, v2, v1) gives three runs. Reads only; changes nothing.
-        """
-        # BEGIN EXERCISE ch02.version_spans
-        spans: list[dict] = []
-        for i, v in enumerate(self.token_versions):
-            if spans and spans[-1]["version"] == v:
-                spans[-1]["end"] = i + 1
-            else:
-                spans.append({"version": v, "start": i, "end": i + 1})
-        return spans
-        # END EXERCISE
+        """Which weights made which output tokens, as runs (SGLang-style spans): copies
+        of ``self.spans``, which ``tag_token`` keeps (see its promises). Reads only."""
+        return [dict(span) for span in self.spans]

@@ -2,9 +2,8 @@
 
 - ch02.retract: ``Scheduler.preempt`` in course_lib/engine/scheduler.py;
 - ch02.pause_modes: ``Pausing._handle_in_flight`` in course_lib/engine/pause.py;
-- ch02.version_spans: ``Sequence.version_spans`` in course_lib/engine/sequence.py;
 - ch02.flush_rules: ``Pausing.flush_cache`` in course_lib/engine/pause.py;
-- ch02.version_tags: ``Sequence.append_token`` in course_lib/engine/sequence.py;
+- ch02.versions: ``Sequence.tag_token`` in course_lib/engine/sequence.py (tags, spans, logprobs);
 - ch02.wait_drain: ``Pausing._drain`` in course_lib/engine/pause.py.
 
 Each case runs the real engine on a tiny random checkpoint and says what it expected in words.
@@ -162,7 +161,7 @@ def test_pause_modes_keep_and_wait_leave_requests_alone(ckpts, mode):
         f"{mode}: nothing aborted, retracted or discarded"
 
 
-# ---- ch02.version_spans ---------------------------------------------------------------
+# ---- ch02.versions (spans) -----------------------------------------------------------
 
 def seq_with(versions):
     seq = Sequence([1, 2], SamplingParams(), block_size=4)
@@ -171,23 +170,39 @@ def seq_with(versions):
     return seq
 
 
-@pytest.mark.exercise("ch02.version_spans")
-def test_version_spans_of_two_versions():
+@pytest.mark.exercise("ch02.versions")
+def test_versions_spans_of_two_versions():
     assert seq_with(["a", "a", "b", "b", "b"]).version_spans() == [
         {"version": "a", "start": 0, "end": 2}, {"version": "b", "start": 2, "end": 5}], \
         "two runs: tokens 0-1 by a, tokens 2-4 by b (end is exclusive)"
 
 
-@pytest.mark.exercise("ch02.version_spans")
-def test_version_spans_empty_and_returning_version():
+@pytest.mark.exercise("ch02.versions")
+def test_versions_spans_empty_and_returning_version():
     assert seq_with([]).version_spans() == [], "no output token yet: no span"
     assert seq_with(["x"]).version_spans() == [{"version": "x", "start": 0, "end": 1}], "one token: one span"
     assert [s["version"] for s in seq_with(["a", "b", "a"]).version_spans()] == ["a", "b", "a"], \
         "a version that comes back starts a new span"
 
 
-@pytest.mark.exercise("ch02.version_spans")
-def test_version_spans_in_the_engine_across_an_update(ckpts):
+@pytest.mark.exercise("ch02.versions")
+def test_versions_spans_kept_as_tokens_come():
+    seq = Sequence([1, 2, 3], SamplingParams(), block_size=4)
+    seen = []
+    for i, v in enumerate(["a", "a", "b", "a"]):
+        seq.append_token(i, v)
+        seen.append(seq.version_spans())
+    assert seen == [
+        [{"version": "a", "start": 0, "end": 1}],
+        [{"version": "a", "start": 0, "end": 2}],
+        [{"version": "a", "start": 0, "end": 2}, {"version": "b", "start": 2, "end": 3}],
+        [{"version": "a", "start": 0, "end": 2}, {"version": "b", "start": 2, "end": 3},
+         {"version": "a", "start": 3, "end": 4}]], \
+        "after every token the spans cover exactly the output tokens so far (not the prompt; end exclusive)"
+
+
+@pytest.mark.exercise("ch02.versions")
+def test_versions_spans_in_the_engine_across_an_update(ckpts):
     v1, v2 = ckpts
     engine, rids = mid_flight(v1, steps=5)
     done = {r: engine.requests[r].num_completion_tokens for r in rids}
@@ -226,10 +241,10 @@ def test_flush_rules_while_paused(ckpts, mode, allowed):
         f"paused in {mode}: the flush is {'allowed' if allowed else 'refused (those requests still run)'}")
 
 
-# ---- ch02.version_tags ----------------------------------------------------------------
+# ---- ch02.versions (tags) -------------------------------------------------------------
 
-@pytest.mark.exercise("ch02.version_tags")
-def test_version_tags_one_per_token_in_order():
+@pytest.mark.exercise("ch02.versions")
+def test_versions_tags_one_per_token_in_order():
     seq = Sequence([1, 2], SamplingParams(), block_size=4)
     for token, version in [(7, "a"), (8, "a"), (9, "b")]:
         seq.append_token(token, version)
@@ -238,8 +253,8 @@ def test_version_tags_one_per_token_in_order():
     assert seq.output_logprobs == [], "without return_logprob no logprob is kept"
 
 
-@pytest.mark.exercise("ch02.version_tags")
-def test_version_tags_keep_the_logprob():
+@pytest.mark.exercise("ch02.versions")
+def test_versions_tags_keep_the_logprob():
     seq = Sequence([1, 2], SamplingParams(), block_size=4, return_logprob=True)
     for token, lp in [(7, -0.5), (8, -1.25)]:
         seq.next_logprob = lp
@@ -248,8 +263,8 @@ def test_version_tags_keep_the_logprob():
     assert seq.output_logprobs == [-0.5, -1.25], "one logprob per output token, in order"
 
 
-@pytest.mark.exercise("ch02.version_tags")
-def test_version_tags_in_the_engine_across_an_update(ckpts):
+@pytest.mark.exercise("ch02.versions")
+def test_versions_tags_in_the_engine_across_an_update(ckpts):
     v1, v2 = ckpts
     engine, rids = mid_flight(v1, steps=5)
     seqs = {r: engine.requests[r] for r in rids}

@@ -30,7 +30,7 @@ def sub(tokens, n):
     return ["submit", tokens, n]
 
 
-@pytest.mark.exercise("ch02.version_tags")
+@pytest.mark.exercise("ch02.versions")
 @DIFFERENTIAL
 @given(ops=scenario(submit, step, steps, pause("keep"), update, cont), kwargs=engine_kwargs)
 @example(ops=[sub(A, 8), sub(B, 6), ["steps", 2], ["pause", "keep"], ["update", 1, {}], ["continue"],
@@ -78,14 +78,14 @@ def test_wait_drain_matches_the_reference(reference, paths, ops, kwargs):
     same_as_reference(reference, paths, ops, kwargs, "see Exercise 4 · Waiting for the requests in flight")
 
 
-@pytest.mark.exercise("ch02.version_spans")
+@pytest.mark.exercise("ch02.versions")
 @DIFFERENTIAL
 @given(ops=scenario(submit, step, steps, pause("keep", "retract", "wait"), update, cont), kwargs=engine_kwargs)
 @example(ops=[sub(A, 9), ["steps", 2], ["pause", "keep"], ["update", 1, {}], ["continue"], ["steps", 2],
               ["pause", "keep"], ["update", 2, {}], ["continue"], ["steps", 2], ["pause", "keep"],
               ["update", 1, {}], ["continue"], ["steps", 8]], kwargs=TWO)
 def test_spans_match_the_reference(reference, paths, ops, kwargs):
-    same_as_reference(reference, paths, ops, kwargs, "see Exercise 5 · Version spans")
+    same_as_reference(reference, paths, ops, kwargs, "see Exercise 1 · Which weights made each token")
 
 
 @pytest.mark.exercise("ch02.flush_rules")
@@ -97,4 +97,4 @@ def test_spans_match_the_reference(reference, paths, ops, kwargs):
               ["pause", "retract"], ["flush"], ["continue"], ["steps", 3], ["pause", "abort"], ["flush"]],
          kwargs=ONE_AT_A_TIME)
 def test_flush_rules_match_the_reference(reference, paths, ops, kwargs):
-    same_as_reference(reference, paths, ops, kwargs, "see Exercise 6 · When the cache may be flushed")
+    same_as_reference(reference, paths, ops, kwargs, "see Exercise 5 · When the cache may be flushed")

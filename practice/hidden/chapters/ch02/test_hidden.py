@@ -350,9 +350,9 @@ def test_an_update_that_aborts_uses_the_same_rules(ckpts, rng):
         where("every aborted request's output is returned")
 
 
-# ---- ch02.version_spans ---------------------------------------------------------------
+# ---- ch02.versions (spans) -----------------------------------------------------------
 
-@pytest.mark.exercise("ch02.version_spans")
+@pytest.mark.exercise("ch02.versions")
 def test_spans_of_random_version_runs(rng):
     from course_lib.engine.sequence import SamplingParams, Sequence
     for trial in range(200):
@@ -362,6 +362,10 @@ def test_spans_of_random_version_runs(rng):
         seq = Sequence([1, 2, 3], SamplingParams(), block_size=4)
         for i, v in enumerate(versions):
             seq.append_token(rng.randrange(256), v)
+            if rng.random() < 0.3:
+                mid = seq.version_spans()
+                assert mid == spans_of(versions[:i + 1]), where(
+                    f"after {i + 1} tokens {versions[:i + 1]}: expected spans {spans_of(versions[:i + 1])}, got {mid}")
         got = seq.version_spans()
         assert got == spans_of(versions), where(
             f"versions {versions}: expected spans {spans_of(versions)} (end exclusive, counted over "
@@ -369,7 +373,7 @@ def test_spans_of_random_version_runs(rng):
         assert seq.token_versions == versions, where("version_spans must not change the tags")
 
 
-@pytest.mark.exercise("ch02.version_spans")
+@pytest.mark.exercise("ch02.versions")
 def test_spans_across_two_updates(ckpts, rng):
     v1, v2, v3 = ckpts
     e = Engine(v1, block_size=rng.choice([4, 8]))
@@ -435,9 +439,9 @@ def test_flush_on_an_empty_paused_engine(ckpts):
     assert e.flush_cache() is True, where("paused in wait with nothing in flight: nothing is served, the flush is allowed")
 
 
-# ---- ch02.version_tags ----------------------------------------------------------------
+# ---- ch02.versions (tags) -------------------------------------------------------------
 
-@pytest.mark.exercise("ch02.version_tags")
+@pytest.mark.exercise("ch02.versions")
 def test_tags_and_logprobs_of_random_appends(rng):
     from course_lib.engine.sequence import SamplingParams, Sequence
     for trial in range(100):
@@ -459,7 +463,7 @@ def test_tags_and_logprobs_of_random_appends(rng):
             assert seq.next_logprob is None, where("the logprob is taken: next_logprob goes back to None")
 
 
-@pytest.mark.exercise("ch02.version_tags")
+@pytest.mark.exercise("ch02.versions")
 def test_tags_across_two_updates_with_logprobs(ckpts, rng):
     v1, v2, v3 = ckpts
     e = Engine(v1, block_size=rng.choice([4, 8]))
