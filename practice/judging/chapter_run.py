@@ -8,8 +8,11 @@ which ``course_lib`` was imported, and a run that imported another one fails eve
 (``$COURSE_LIB_ROOT``, see plugin.py), as does a run that cannot say.
 
 An exercise passes only when every one of its cases ran and passed; its points are all
-or nothing. A case that belongs to no exercise (a test file that cannot be imported)
-counts against every exercise of the chapter.
+or nothing, except a test-writing part's (``"scoring": "share"``, chapters.py): its
+``_catches_`` cases are each one buggy variant, and the share caught is the share of the
+points, once every other case of the part (its tests pass on the reference) passed. A case
+that belongs to no exercise (a test file that cannot be imported) counts against every
+exercise of the chapter.
 
 A failing case stopped by the stub of a LATER part of its chapter (an engine-level case
 goes through the whole engine) "waits" for that part: not this part's failure, never a
@@ -175,8 +178,29 @@ def exercise_results(chapter: Chapter, result: RunResult, only: list[str] | None
             message = f"{len(not_graded)} case(s) need a GPU and were not graded; scored 0 until they run"
         else:
             status, message = "pass", ""
+        earned = ex.points if status == "pass" else 0
+        if ex.scoring == "share" and status == "fail":
+            earned, message = share_earned(ex, cases, message)
         out.append(dict(exercise=ex.id, title=ex.title, section=ex.section, status=status, points=ex.points,
-                        earned=ex.points if status == "pass" else 0,
+                        scoring=ex.scoring, earned=earned,
                         passed=sum(c.outcome == "pass" for c in cases), failed=len(failed),
                         not_graded=len(not_graded), waits=sum(c.outcome == "waits" for c in cases), message=message))
     return out
+
+
+CATCHES = "_catches_"  # in a test-writing part's case names: the case gives the tests one buggy variant
+
+
+def share_earned(ex, cases: list[Case], message: str) -> tuple[float, str]:
+    """A failing test-writing part's points and why: the share of its buggy variants caught,
+    when every variant's case ran and every other case (the learner's tests pass on the
+    reference and on the learner's own component) passed; else 0. The public examples of
+    buggy variants count among the variants."""
+    catches = [c for c in cases if CATCHES in c.case]
+    gates = [c for c in cases if c not in catches]
+    if not catches or any(c.outcome != "pass" for c in gates) or any(c.outcome in ("waits", "not graded")
+                                                                     for c in catches):
+        return 0, message
+    caught = sum(c.outcome == "pass" for c in catches)
+    return (round(ex.points * caught / len(catches), 2),
+            f"your tests caught {caught} of {len(catches)} buggy variants; the points are that share")

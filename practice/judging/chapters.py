@@ -14,6 +14,12 @@
      "exercises": [{"id": "ch01.block_hash", "title": "A chained block hash",
                     "section": "Exercise 1 · A chained block hash", "points": 2}]}
 
+An exercise may say ``"scoring": "share"``: a part in which the learner writes tests (its
+id ends in ``_tests``). Its cases named ``..._catches_...`` each give the learner's tests one
+buggy variant of a component; the share of them that pass (the variants caught) is the share
+of the points, provided every other case of the part passes (the tests pass on the
+reference): see ``chapter_run.exercise_results``. Other parts are all or nothing.
+
 Every exercise id is a region in ``course_lib`` and every region is an exercise of
 exactly one chapter (``consistency`` says what is off). Hidden tests are looked up in
 ``$COURSE_HIDDEN_DIR/chapters/chNN/`` when that is set, else ``practice/hidden/chapters/chNN/``.
@@ -39,6 +45,7 @@ class Exercise:
     title: str
     section: str
     points: float
+    scoring: str = "all"  # "all": all or nothing; "share": a test-writing part (module docstring)
 
     @property
     def name(self) -> str:
@@ -123,7 +130,11 @@ def load(chapter_id: str, chapters_dir: Path = CHAPTERS) -> Chapter:
             raise ValueError(f"{where}: exercise id {ex['id']!r} must read '{chapter_id}.name' (lower-case name)")
         if not isinstance(ex["points"], (int, float)) or ex["points"] <= 0:
             raise ValueError(f"{where}: {ex['id']} has points {ex['points']!r}; give a positive number")
-        exercises.append(Exercise(ex["id"], ex["title"], ex["section"], ex["points"]))
+        scoring = ex.get("scoring", "all")
+        if scoring not in ("all", "share") or (scoring == "share") != ex["id"].endswith("_tests"):
+            raise ValueError(f"{where}: {ex['id']} has scoring {scoring!r}: a test-writing part (an id ending in "
+                             "'_tests') is scored by share (\"scoring\": \"share\"), every other part all or nothing")
+        exercises.append(Exercise(ex["id"], ex["title"], ex["section"], ex["points"], scoring))
     ids = [e.id for e in exercises]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{where}: an exercise id is listed twice: {ids}")

@@ -8,7 +8,8 @@ another learner's submission on disk cannot change that learner's grade; each ch
 and each problem is then graded in its own process and temporary directory.
 
 Scores: an exercise earns its points (chapter.json) only when every one of its cases ran
-and passed; a problem earns its ``points`` (problem.md front matter, default 1) the same
+and passed (a test-writing part, "scoring": "share", earns the share of buggy variants its
+tests caught); a problem earns its ``points`` (problem.md front matter, default 1) the same
 way. A case that needs a GPU this machine lacks is "not graded": the exercise is
 "incomplete" and earns 0, and the learner's total is marked incomplete. A case stopped by
 a later part of the chapter that the learner has not written "waits": the exercise's

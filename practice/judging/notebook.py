@@ -75,9 +75,11 @@ class PartNotDone(Verdict):
     """A part's public cases did not all pass: Run All stops here, at the first such part."""
 
 
-def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> None:
+def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 900.0) -> float | None:
     """Grade one exercise of the learner's course_lib; print the judge's line per case; raise
-    ``NotPassed`` unless it fully passed."""
+    ``NotPassed`` unless it fully passed. A test-writing part (scored by share) returns its
+    points instead, also when only a share was earned: nbgrader reads a graded cell's numeric
+    result as its partial credit."""
     from judging.report import case_line
     from judging.run import Case
 
@@ -91,10 +93,13 @@ def grade_exercise(exercise_id: str, root: Path | None = None, timeout: float = 
     print(f"{exercise_id}: graded in {result['file']} ({'hidden tests too' if result['hidden'] else 'public tests'})")
     for case in result["cases"]:
         print(case_line(Case(**case)))  # the same lines as `judge.py test`
+    (exercise,) = result["exercises"]
     if run.returncode == 0:
         print(f"{exercise_id}: every case ran and passed")
-        return
-    (exercise,) = result["exercises"]
+        return exercise["points"] if exercise["scoring"] == "share" else None
+    if exercise["scoring"] == "share" and exercise["earned"]:
+        print(f"{exercise_id}: {exercise['message']}: {exercise['earned']:g} of {exercise['points']:g} points")
+        return exercise["earned"]
     if exercise["status"] == "incomplete":
         raise NotPassed(f"{exercise_id}: incomplete: {exercise['not_graded']} case(s) need a GPU and were not "
                         "run on this machine; this exercise scores 0 until they run on a GPU")

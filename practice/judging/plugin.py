@@ -284,6 +284,16 @@ def candidate():
     return module
 
 
+@pytest.fixture(scope="session")
+def reference_root() -> str:
+    """The reference edition's root, for cases that read its code (a test-writing part's
+    reference component: hidden/chapters/shared/suites.py); a run without one fails them."""
+    if not _REFERENCE_ROOT:
+        pytest.fail("this case needs the reference edition ($COURSE_REFERENCE_ROOT): grade it with "
+                    "practice/judge.py from the instructor edition", pytrace=False)
+    return _REFERENCE_ROOT
+
+
 @pytest.fixture(scope="module")
 def reference():
     """The reference engine in a child process (twin.Reference), for cases that compare the

@@ -112,7 +112,8 @@ def exercise_line(chapter, ex: dict) -> str:
     verdict = {"pass": "pass", "fail": "FAIL", "waits": "WAITS", "incomplete": "INCOMPLETE"}[ex["status"]]
     line = f"  => {verdict}: {ex['earned']:g}/{ex['points']:g} points"
     if ex["status"] == "fail":  # the case lines above say what failed; this says where to read
-        why = "" if ex["failed"] else f" ({ex['message']})"
+        # A test-writing part that earned a share says how many variants its tests caught.
+        why = "" if ex["failed"] and not ex["earned"] else f" ({ex['message']})"
         return line + why + f"; read {chapter.notebook}, section “{ex['section']}”"
     return line + (f" ({ex['message']})" if ex["message"] else "")
 
