@@ -564,6 +564,57 @@ def test_check_verdicts_say_what_is_wrong():
     assert "1 wait for a later part" in report.score_line(result("pass", "waits"))
 
 
+def test_a_test_writing_part_earns_the_share_of_buggy_variants_its_tests_catch(tmp_path):
+    """chapter.json's "scoring": "share": the caught share of the points once the gates pass
+    (the tests pass on a right component); a failing gate, or a variant not run, earns nothing."""
+    from judging import chapter_run
+
+    chapter = chapters.load("ch04")
+    part = "ch04.commit_tests"
+
+    def earned(gate, *catches):
+        cases = [Case("t::test_commit_tests__pass_on_the_reference", gate, exercise=part)]
+        cases += [Case(f"t::test_commit_tests_catches_a_buggy_step[{i}]", o, exercise=part) for i, o in enumerate(catches)]
+        (row,) = chapter_run.exercise_results(chapter, RunResult("ch04", "", True, cases), only=[part])
+        return row["status"], row["earned"], row["message"]
+
+    assert earned("pass", "pass", "pass", "pass", "pass") == ("pass", 3, "")
+    status, points, message = earned("pass", "pass", "fail", "pass", "fail")
+    assert (status, points) == ("fail", 1.5) and "caught 2 of 4" in message
+    assert earned("fail", "pass", "pass", "pass", "pass")[:2] == ("fail", 0)  # asks for more than the contract
+    assert earned("pass", "pass", "not graded", "fail", "pass")[:2] == ("fail", 0)  # a variant that did not run
+    assert earned("pass", "fail", "fail")[:2] == ("fail", 0)
+    with pytest.raises(ValueError, match="share"):  # only a part whose id ends in _tests is scored by share
+        bad = {"chapter": "ch04", "title": "t", "notebook": "n.ipynb", "exercises": [
+            {"id": "ch04.copy_in_place", "title": "t", "section": "s", "points": 3, "scoring": "share"}]}
+        (tmp_path / "ch04").mkdir()
+        (tmp_path / "ch04" / "chapter.json").write_text(json.dumps(bad))
+        chapters.load("ch04", tmp_path)
+
+
+def test_a_notebook_grade_cell_of_a_test_writing_part_returns_its_share(capsys):
+    """nbgrader takes a graded cell's numeric result as its partial credit: grade_exercise
+    returns the share a test suite earned that catches some of the buggy variants, not all."""
+    from judging.checks import variant_root
+    from judging.notebook import grade_exercise
+    from nbgrader.utils import determine_grade
+    from nbformat.v4 import new_code_cell, new_output
+
+    part = "ch04.commit_tests"
+    body = (PRACTICE / "hidden" / "chapters" / "ch04" / "wrong" / "commit_tests.list_only.py").read_text()
+    root = variant_root(REPO, part, body)
+    try:
+        earned = grade_exercise(part, root=root)
+    finally:
+        shutil.rmtree(root)
+    assert 0 < earned < 3, earned
+    assert "buggy variants" in capsys.readouterr().out
+    cell = new_code_cell("grade_exercise('ch04.commit_tests')", metadata={"nbgrader": {
+        "grade": True, "solution": False, "grade_id": "t", "points": 3}})
+    cell.outputs = [new_output("execute_result", data={"text/plain": repr(earned)}, execution_count=1)]
+    assert determine_grade(cell) == (earned, 3)
+
+
 def test_the_gradebook_counts_an_exercise_that_waits_as_earning_nothing():
     from judging import gradebook
     row = dict(learner="ada", item="ch02", exercise="ch02.versions", status="waits", points=0, max_points=3)

@@ -3,6 +3,9 @@
 ch04.copy_in_place: ``CopyPlan.apply`` in course_lib/weights/commit/copy_plan.py.
 ch04.record_addresses: ``AddressAudit.__init__`` in course_lib/weights/commit/audit.py.
 ch04.address_audit: ``AddressAudit.violations`` in course_lib/weights/commit/audit.py.
+ch04.commit_tests: ``check_commit_step`` in course_lib/weights/commit/commit_checks.py (your
+tests must pass on a right commit step and fail on wrong ones: two are below, the judge
+holds more).
 Each case reports what it expected in words.
 """
 import pytest
@@ -13,10 +16,12 @@ from course_lib.models.qwen3 import Qwen3ForCausalLM
 from course_lib.testing import assert_hot_equals_cold, plugged_commit
 from course_lib.weights.commit.audit import AddressAudit, AddressMovedError
 from course_lib.weights.checkpoint import make_random, preset, random_state_dict
+from course_lib.weights.commit.commit_checks import check_commit_step
 from course_lib.weights.commit.copy_plan import CopyPlan
 
 CONFIG = preset("tiny", tie_word_embeddings=False)
-COPY, RECORD, AUDIT = (pytest.mark.exercise(f"ch04.{n}") for n in ("copy_in_place", "record_addresses", "address_audit"))
+COPY, RECORD, AUDIT, TESTS = (pytest.mark.exercise(f"ch04.{n}")
+                              for n in ("copy_in_place", "record_addresses", "address_audit", "commit_tests"))
 
 
 def model_with(seed):
@@ -195,3 +200,54 @@ def test_address_audit__engine_refuses_an_update_that_rebinds(tmp_path):
     with plugged_commit(engine, rebinding_commit), pytest.raises(AddressMovedError, match="model.norm.weight"):
         engine.update_weights_from_disk(b, staging="full")
     assert not engine.health()["healthy"], "an engine whose audit failed stops serving"
+
+
+# ---- ch04.commit_tests --------------------------------------------------------------------
+
+def verdict(step_class):
+    """What check_commit_step says of a step: None (passes) or the error it raised."""
+    try:
+        check_commit_step(step_class.from_views)
+    except NotImplementedError as e:
+        if "write this part" in str(e):
+            raise  # not written yet: that is not catching anything
+        return e
+    except Exception as e:  # noqa: BLE001 - any failure is the tests' verdict
+        return e
+    return None
+
+
+class NeverWrites(CopyPlan):
+    """Checks every name and shape, then writes nothing."""
+    def apply(self, named_tensors):
+        for name, t in named_tensors:
+            view = self.views[name]
+            if view is not None and view.shape != t.shape:
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(view.shape)}")
+
+
+class RefusesOtherDtypes(CopyPlan):
+    """Refuses a tensor whose dtype is not its view's, which the contract allows."""
+    def apply(self, named_tensors):
+        pairs = list(named_tensors)
+        for name, t in pairs:
+            view = self.views[name]
+            if view is not None and (view.shape != t.shape or view.dtype != t.dtype):
+                raise ValueError(f"{name}: {t.dtype} {tuple(t.shape)}, expected {view.dtype} {tuple(view.shape)}")
+        for name, t in pairs:
+            if self.views[name] is not None:
+                self.views[name].copy_(t)
+
+
+@TESTS
+def test_commit_tests__pass_on_your_own_commit_step():
+    # Your commit step passes its own public cases above; a right test passes on it.
+    failed = verdict(CopyPlan)
+    assert failed is None, (f"check_commit_step fails on your own CopyPlan.apply: {type(failed).__name__}: {failed}. "
+                            "If your step passes its cases above, the test is asking for more than the contract says")
+
+
+@TESTS
+@pytest.mark.parametrize("step", [NeverWrites, RefusesOtherDtypes], ids=["never writes", "refuses other dtypes"])
+def test_commit_tests__catches_a_public_buggy_step(step):
+    assert verdict(step) is not None, f"check_commit_step passes on a wrong step: {step.__doc__}"
