@@ -2,6 +2,9 @@
 
 ch05.pack_bucket: ``pack`` in course_lib/weights/transports/bucket.py.
 ch05.validate_bucket: ``validate`` in course_lib/weights/transports/bucket.py.
+ch05.bucket_tests: ``check_bucket_validator`` in course_lib/weights/transports/bucket_checks.py
+(your tests must pass on a right validator and fail on wrong ones: two are below, the judge
+holds more).
 ch05.ipc_sender: ``BucketSender.payloads`` in course_lib/weights/transports/ipc.py.
 ch05.receive_broadcast: ``receive_bucket`` in course_lib/weights/transports/dist.py.
 Each case reports what it expected in words.
@@ -15,12 +18,14 @@ from course_lib import Engine
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.transports import bucket, safe_pickle
 from course_lib.weights.transports.bucket import BucketError, FlattenedTensorMetadata
+from course_lib.weights.transports.bucket_checks import check_bucket_validator
 from course_lib.weights.checkpoint import CheckpointReader, make_random
 from course_lib.weights.transports import dist
 from course_lib.weights.transports.ipc import BucketSender
 
-PACK, VALIDATE, SENDER, RECEIVE = (pytest.mark.exercise(f"ch05.{n}") for n in
-                                   ("pack_bucket", "validate_bucket", "ipc_sender", "receive_broadcast"))
+PACK, VALIDATE, TESTS, SENDER, RECEIVE = (pytest.mark.exercise(f"ch05.{n}") for n in
+                                          ("pack_bucket", "validate_bucket", "bucket_tests", "ipc_sender",
+                                           "receive_broadcast"))
 MIXED = [("a", torch.arange(5, dtype=torch.float32)), ("b", torch.ones(3, dtype=torch.bfloat16)),
          ("c", torch.empty(0, 4)), ("d", torch.tensor([[7, -1]], dtype=torch.int64)),
          ("e", torch.arange(3, dtype=torch.int8)), ("f", torch.randn(2, 3, dtype=torch.float16))]
@@ -143,6 +148,57 @@ def test_validate_bucket__the_engine_refuses_a_bad_bucket_and_changes_nothing(tm
         engine.update_weights_from_tensor(packed, load_format="flattened_bucket")
     for k, v in engine.model.state_dict().items():
         assert torch.equal(v, before[k]), f"a refused bucket changes nothing, but {k} changed"
+
+
+# ---- ch05.bucket_tests --------------------------------------------------------------------
+
+def verdict(validator):
+    """What check_bucket_validator says of a validator: None (passes) or the error it raised."""
+    try:
+        check_bucket_validator(validator)
+    except NotImplementedError as e:
+        if "write this part" in str(e):
+            raise  # not written yet: that is not catching anything
+        return e
+    except Exception as e:  # noqa: BLE001 - any failure is the tests' verdict
+        return e
+    return None
+
+
+def accepts_everything(flat, metadata):
+    """Returns without looking: every bucket passes."""
+
+
+def counts_elements_only(flat, metadata):
+    """Checks names, shapes and bounds, but compares every slot's length with numel, as if
+    every dtype were one byte wide (right for SGLang's layout, wrong for the byte layout)."""
+    if not isinstance(flat, torch.Tensor) or flat.dim() != 1 or flat.device.type not in ("cpu", "cuda"):
+        raise BucketError("the buffer must be a 1-D tensor on the CPU or a GPU")
+    if type(metadata) not in (list, tuple):
+        raise BucketError("metadata must be a list")
+    seen = set()
+    for m in metadata:
+        bucket._check_fields(m)
+        if m.name in seen or torch.Size(m.shape).numel() != m.numel:
+            raise BucketError(f"{m.name}: repeated, or numel disagrees with the shape")
+        seen.add(m.name)
+        if not 0 <= m.start_idx <= m.end_idx <= flat.numel() or m.end_idx - m.start_idx != m.numel:
+            raise BucketError(f"{m.name}: slot [{m.start_idx}, {m.end_idx}) does not hold {m.numel} elements")
+
+
+@TESTS
+def test_bucket_tests__pass_on_your_own_validator():
+    # Your validator passes its own public cases above; a right test passes on it.
+    failed = verdict(bucket.validate)
+    assert failed is None, (f"check_bucket_validator fails on your own validate: {type(failed).__name__}: {failed}. "
+                            "If your validator passes its cases above, the test asks for more than the contract says")
+
+
+@TESTS
+@pytest.mark.parametrize("validator", [accepts_everything, counts_elements_only],
+                         ids=["accepts everything", "counts elements only"])
+def test_bucket_tests__catches_a_public_wrong_validator(validator):
+    assert verdict(validator) is not None, f"check_bucket_validator passes on a wrong validator: {validator.__doc__}"
 
 
 # ---- ch05.ipc_sender ----------------------------------------------------------------------

@@ -136,7 +136,7 @@ W = [["float32", 40]] * 12  # 160 bytes each, 3 to a 512-byte bucket
          ops=[["round", [["float32", 32], ["float32", 32], ["float32", 64], ["int8", 3]]], ["next"], ["next"],
               ["release", 0], ["next"], ["release", 0], ["release", 0]])
 def test_sender_matches_the_reference(reference, seed, bucket_bytes, num_buffers, ops):
-    same_trace(reference, "sender_trace", ops, f"see Exercise 3 of chapter 05 (The double-buffered sender); "
+    same_trace(reference, "sender_trace", ops, f"see Exercise 4 of chapter 05 (The double-buffered sender); "
                f"BucketSender(bucket_bytes={bucket_bytes}, num_buffers={num_buffers})",
                seed=seed, bucket_bytes=bucket_bytes, num_buffers=num_buffers, ops=ops)
 
@@ -154,4 +154,4 @@ receive_op = st.one_of(st.tuples(st.just("bucket"), specs, forms).map(list),
 @example(seed=2, ops=[["bad", kind, MIXED[:3]] for kind in BAD_REQUESTS] + [["bucket", MIXED[:4], "name"]])
 def test_receive_matches_the_reference(reference, seed, ops):
     same_trace(reference, "receive_trace", ops + [["(rank 0 at the end)"]],
-               "see Exercise 4 of chapter 05 (Receive a broadcast bucket)", seed=seed, ops=ops)
+               "see Exercise 5 of chapter 05 (Receive a broadcast bucket)", seed=seed, ops=ops)
