@@ -2,6 +2,8 @@
 
 ch09.first_divergence: ``first_divergence`` in course_lib/production.py.
 ch09.compare_outputs: ``compare_outputs`` in course_lib/production.py.
+ch09.compare_tests: ``check_compare_outputs`` in course_lib/production_checks.py (your tests
+must pass on a right comparison and fail on wrong ones: two are below, the judge holds more).
 ch09.host_snapshot: ``take_snapshot`` in course_lib/update/updater.py.
 ch09.rollback: ``promote_or_rollback`` in course_lib/production.py.
 Each case reports what it expected in words.
@@ -11,12 +13,13 @@ import torch
 
 from course_lib import Engine
 from course_lib import production
+from course_lib.production_checks import check_compare_outputs
 from course_lib.testing import assert_hot_equals_cold
 from course_lib.weights.commit.audit import kernel_tensors
 from course_lib.weights.checkpoint import CheckpointReader, make_random, preset, write_checkpoint
 
-FIRST, COMPARE, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}")
-                                     for n in ("first_divergence", "compare_outputs", "host_snapshot", "rollback"))
+FIRST, COMPARE, TESTS, SNAPSHOT, ROLLBACK = (pytest.mark.exercise(f"ch09.{n}") for n in (
+    "first_divergence", "compare_outputs", "compare_tests", "host_snapshot", "rollback"))
 PROMPTS = ["canary one", "a second fixed request", "three", "the fourth request of the set"]
 
 
@@ -71,6 +74,57 @@ def test_compare_outputs__refuses_mismatched_or_empty_sets():
         production.compare_outputs([[1], [2]], [[1]])  # a missing answer is not "the common part agrees"
     with pytest.raises(ValueError):
         production.compare_outputs([], [])
+
+
+# ---- ch09.compare_tests -------------------------------------------------------------------
+
+def verdict(compare):
+    """What check_compare_outputs says of a comparison: None (passes) or the error it raised."""
+    try:
+        check_compare_outputs(compare)
+    except NotImplementedError as e:
+        if "write this part" in str(e):
+            raise  # not written yet: that is not catching anything
+        return e
+    except Exception as e:  # noqa: BLE001 - any failure is the tests' verdict
+        return e
+    return None
+
+
+def lengths_only(expected, got):
+    """Looks at the lengths only: an answer of the expected length agrees, any other parts
+    where the shorter one ends."""
+    if not expected or len(got) != len(expected):
+        raise ValueError(f"expected {len(expected)} answers, got {len(got)}")
+    parts = [None if len(g) == len(e) else min(len(g), len(e)) for e, g in zip(expected, got)]
+    reproduced = [1.0 if p is None else (p / len(e) if e else 0.0) for p, e in zip(parts, expected)]
+    return {"first_divergence": parts, "agreement": parts.count(None) / len(parts),
+            "matched_fraction": sum(reproduced) / len(reproduced)}
+
+
+def prefix_agrees(expected, got):
+    """Compares the tokens both answers have: an answer cut short, or one that ran on, agrees."""
+    if not expected or len(got) != len(expected):
+        raise ValueError(f"expected {len(expected)} answers, got {len(got)}")
+    parts = [next((k for k, pair in enumerate(zip(e, g)) if pair[0] != pair[1]), None) for e, g in zip(expected, got)]
+    reproduced = [1.0 if p is None else (p / len(e) if e else 0.0) for p, e in zip(parts, expected)]
+    return {"first_divergence": parts, "agreement": parts.count(None) / len(parts),
+            "matched_fraction": sum(reproduced) / len(reproduced)}
+
+
+@TESTS
+def test_compare_tests__pass_on_your_own_comparison():
+    # Your comparison passes its own public cases above; a right test passes on it.
+    failed = verdict(production.compare_outputs)
+    assert failed is None, (f"check_compare_outputs fails on your own compare_outputs: {type(failed).__name__}: "
+                            f"{failed}. If your comparison passes its cases above, the test is asking for more "
+                            "than the contract says")
+
+
+@TESTS
+@pytest.mark.parametrize("compare", [lengths_only, prefix_agrees], ids=["lengths only", "a prefix agrees"])
+def test_compare_tests__catches_a_public_buggy_comparison(compare):
+    assert verdict(compare) is not None, f"check_compare_outputs passes on a wrong comparison: {compare.__doc__}"
 
 
 # ---- ch09.rollback ------------------------------------------------------------------------
