@@ -47,6 +47,16 @@ def test_continuous_batching_admits_requests_mid_flight(ckpt):
     assert done[first] == alone(ckpt, PROMPTS[2]) and done[second] == alone(ckpt, PROMPTS[1])
 
 
+def test_generate_waits_for_its_own_requests_while_another_is_in_flight(ckpt):
+    # A request in flight that finishes first (here: 2 tokens left against 12) must neither
+    # count as one of generate's nor make it return early.
+    engine = Engine(ckpt, max_num_seqs=1)
+    engine.add_request(PROMPTS[0], {**GREEDY, "max_new_tokens": 3})
+    engine.step()
+    got = engine.generate(PROMPTS[1:3], GREEDY)
+    assert [o["output_ids"] for o in got] == [alone(ckpt, p) for p in PROMPTS[1:3]]
+
+
 def test_prefix_cache_hits_are_counted_and_change_no_output(ckpt):
     shared = "A long shared system prompt that spans several KV blocks. "
     prompts = [shared + "Question one?", shared + "Question two, longer?"]

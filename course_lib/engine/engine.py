@@ -257,12 +257,15 @@ class Engine:
             raise ValueError(f"{len(flags)} return_logprob flags for {len(items)} prompts")
         rids = [self.add_request(**{key: item}, sampling_params=p, return_logprob=f)
                 for item, p, f in zip(items, params, flags)]
-        done: dict[str, dict] = {}
-        while len(done) < len(rids):
+        # Only this call's requests are waited for: requests already in flight (kept across a
+        # pause, or added by another caller) finish in the same steps and must not count.
+        mine, done = set(rids), {}
+        while len(done) < len(mine):
             if not self.has_unfinished_requests():
                 raise RuntimeError("requests vanished before finishing")  # a bug, never expected
             for out in self.step():
-                done[out["rid"]] = out
+                if out["rid"] in mine:
+                    done[out["rid"]] = out
         return [done[r] for r in rids]
 
     # ---- introspection -----------------------------------------------------------------
