@@ -121,7 +121,7 @@ class AddressAudit:
             now = {name: params[name] for name in only if name in params}
         lines = []
         for name, before in self.recorded.items():
-            if only is not None and name not in only:
+            if only is not None and name not in now:  # not asked for, or no parameter: skipped
                 continue
             if name not in now:
                 lines.append(f"{name}: no longer present")
