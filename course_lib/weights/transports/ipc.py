@@ -58,7 +58,8 @@ class BucketSender:
 
         Promises:
         - buckets group the tensors, in order, as ``group_into_buckets(named_tensors,
-          self.bucket_bytes)`` does; receipts count 0, 1, 2, ... over the sender's life;
+          self.bucket_bytes)`` does; receipts count the buckets handed over, 0, 1, 2, ...
+          over the sender's life (a refused bucket takes none);
         - bucket ``r`` travels in buffer slot ``r % self.num_buffers``, a buffer made once
           (``self._buffer``) and reused by every bucket that slot carries, so the sender's
           memory does not grow with the model; a bucket larger than ``self.bucket_bytes``
@@ -74,19 +75,20 @@ class BucketSender:
         """
         # BEGIN EXERCISE ch05.ipc_sender
         for group in group_into_buckets(named_tensors, self.bucket_bytes):
-            receipt, self._next = self._next, self._next + 1
+            receipt = self._next
             slot = receipt % self.num_buffers
-            if slot in self._in_use.values():
-                raise RuntimeError(f"buffer {slot} still holds an unacknowledged bucket: release() it first "
-                                   f"(at most {self.num_buffers} buckets may be in flight)")
             need = bucket.bucket_nbytes(group)
             device = self.device or group[0][1].device
-            if need > self.bucket_bytes:  # one tensor larger than a bucket travels alone
+            if need > self.bucket_bytes:  # one tensor larger than a bucket travels alone: no slot written
                 packed = bucket.pack(group, device=device)
                 self._oversize[receipt] = packed
             else:
+                if slot in self._in_use.values():
+                    raise RuntimeError(f"buffer {slot} still holds an unacknowledged bucket: release() it first "
+                                       f"(at most {self.num_buffers} buckets may be in flight)")
                 packed = bucket.pack(group, out=self._buffer(slot, need, device))
                 self._in_use[receipt] = slot
+            self._next += 1
             if is_cuda(device):
                 torch.cuda.current_stream().synchronize()  # the bytes are there before the engine reads
             yield receipt, safe_pickle.serialize(packed)
