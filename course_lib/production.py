@@ -189,10 +189,11 @@ def promote_or_rollback(engine, new_path, prompts, reference, weight_version: st
     3. Any reason: the snapshot is copied back in place (bitwise the old weights and
        label, no disk read, no address moves), serving again: ``"rolled_back"``. None:
        ``"promoted"`` (the new version serves; the snapshot is kept for a later rollback).
+       An error of ``compare``, ``quality`` or the canary's generation is no decision: it
+       reaches the caller, the new version serving, its snapshot kept (see ``rollback_now``).
 
-    Returns ``decision``, ``reasons`` (strings, empty when promoted), ``agreement`` (float,
-    None if rejected), ``quality`` (float or None), ``comparison`` (the comparison's dict or
-    None), ``update`` (its result, None if rejected) and ``rollback`` (its result or None).
+    Returns ``decision``, ``reasons`` (strings, empty when promoted), ``agreement`` (float, None if
+    rejected), ``quality`` (float or None), ``comparison``, ``update`` and ``rollback`` (each or None).
     """
     # BEGIN EXERCISE ch09.rollback
     if min_quality is not None and quality is None:
@@ -218,13 +219,11 @@ def promote_or_rollback(engine, new_path, prompts, reference, weight_version: st
         result["reasons"].append(f"agreement {result['agreement']:.2f} is below {min_agreement:.2f}")
     if quality is not None:
         result["quality"] = float(quality(engine))
-        if result["quality"] < min_quality:
+        if min_quality is not None and result["quality"] < min_quality:  # without one, only recorded
             result["reasons"].append(f"quality {result['quality']:.4f} is below {min_quality:.4f}")
     if result["reasons"]:
         result["rollback"] = rollback_now(engine, pause_mode)  # from host memory: no disk read
-        result["decision"] = "rolled_back"
-    else:
-        result["decision"] = "promoted"
+    result["decision"] = "rolled_back" if result["reasons"] else "promoted"
     return result
     # END EXERCISE
 
