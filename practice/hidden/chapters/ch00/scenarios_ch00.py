@@ -4,6 +4,7 @@ A result keeps its keys' order (the contract fixes it); inputs are checked uncha
 from __future__ import annotations
 
 import copy
+from engine_scenarios import error_kind
 
 
 def _observe(f, args: list, kwargs: dict) -> dict:
@@ -12,7 +13,7 @@ def _observe(f, args: list, kwargs: dict) -> dict:
         out = f(*args, **kwargs)
         seen = {"returned": [[k, v] for k, v in out.items()] if isinstance(out, dict) else repr(out)}
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        seen = {"raised": type(exc).__name__}
+        seen = {"raised": error_kind(exc)}
     seen["inputs_unchanged"] = repr([args, kwargs]) == repr(before)
     return seen
 

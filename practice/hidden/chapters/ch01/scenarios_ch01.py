@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_scenarios import tensor_digest as digest
+from engine_scenarios import tensor_digest as digest, error_kind
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -17,7 +17,7 @@ def _outcome(f) -> dict:
     try:
         out = f()
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        return {"raised": type(exc).__name__}
+        return {"raised": error_kind(exc)}
     if isinstance(out, (tuple, list)):
         # A pair (first row, rows): its values and whether they are plain ints (a float row
         # count, say 8.0 from a true division, reads equal in JSON and is not).
@@ -82,7 +82,7 @@ def tp_slice(shape: list, dtype: str, layout: str, dim: int, tp_size: int, seed:
         try:
             got = layer._shard(loaded, dim)
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"raised": type(exc).__name__}
+            entry = {"raised": error_kind(exc)}
         else:
             is_tensor = isinstance(got, torch.Tensor)
             entry = {"type": type(got).__name__}
@@ -147,7 +147,7 @@ def local_loader(kind: str, sizes: list, hidden: int, tp_size: int, rank: int, s
         returned = layer.local_loader(param, local, shard_id)
         out = {"returned": repr(returned)}
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        out = {"raised": type(exc).__name__,
+        out = {"raised": error_kind(exc),
                "message_names_the_parameter": param_name is None or param_name in str(exc)}
     want = param.detach().clone()
     want_rows = None
@@ -181,7 +181,7 @@ def block_hash(calls: list) -> list:
             h = bm.compute_hash(given, prefix)
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
             values.append(None)
-            out.append({"raised": type(exc).__name__})
+            out.append({"raised": error_kind(exc)})
             continue
         same = next((i for i, v in enumerate(values) if v is not None and type(v) is type(h) and v == h), None)
         values.append(h)

@@ -11,7 +11,7 @@ import weakref
 
 import torch
 
-from engine_scenarios import tensor_digest as digest
+from engine_scenarios import tensor_digest as digest, error_kind
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -75,7 +75,7 @@ def quantize(which: str, shape: list, dtype: str, layout: str, special: str, see
         else:
             got = quant.quantize_fp8_block(w) if block is None else quant.quantize_fp8_block(w, block)
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        out = {"raised": type(exc).__name__}
+        out = {"raised": error_kind(exc)}
     else:
         if isinstance(got, tuple) and len(got) == 2:
             out = {"q": _tensor_obs(got[0], w, which == "fp8"), "scale": _tensor_obs(got[1], w, False)}
@@ -198,7 +198,7 @@ def requantize(method: str, kinds: list, rounds: list, allow_pending: list, dtyp
                    else quant.process_weights_after_loading(holder, allow_pending=pending))
             entry = {"returned": got if isinstance(got, list) else repr(got), "quantize_calls": len(calls)}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"raised": type(exc).__name__}
+            entry = {"raised": error_kind(exc)}
         del m.quantize
         gc.collect()
         entry["layers"] = [_layer_after(t, b, o) for t, b, o in zip(layers, before, objects)]
@@ -416,7 +416,7 @@ class _Watched:
         try:
             entry = {"op": [kind, name], "returned": repr(self.reload.feed(name, t))}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"op": [kind, name], "raised": type(exc).__name__}
+            entry = {"op": [kind, name], "raised": error_kind(exc)}
         gc.collect(0)  # a young cycle (a traceback's frames) holds no tensor past this point
         if self.nan_key is not None:
             if "raised" in entry and kind in ("nan", "feed"):
@@ -448,6 +448,6 @@ class _Watched:
             if "gpu_peak_extra_bytes" in stats:  # the allocator's figure: compared within a bound by the test
                 end["gpu_peak_extra_bytes"] = stats["gpu_peak_extra_bytes"]
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            end = {"finish_raised": type(exc).__name__}
+            end = {"finish_raised": error_kind(exc)}
         end["layers"] = _layer_digests(self.model)
         return end

@@ -35,7 +35,7 @@ import tempfile
 
 import torch
 
-from engine_scenarios import _scrub, tensor_digest as digest
+from engine_scenarios import _scrub, tensor_digest as digest, error_kind
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _CHECKPOINTS: dict = {}
@@ -148,7 +148,7 @@ def commit_trace(seed: int, tied: bool, ops: list) -> list:
                 entry = {"returned": _scrub(engine.update_weights_from_tensor(
                     list(pairs), check_finite=op[2], weight_version=f"u{i}"))}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"raised": type(exc).__name__}
+            entry = {"raised": error_kind(exc)}
         after = _state(engine)
         params = _params(engine)
         entry.update(
@@ -200,7 +200,7 @@ def audit_trace(seed: int, tied: bool, ops: list) -> list:
                 raise ValueError(f"unknown operation {op!r}")
             entry = {"returned": ret}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"raised": type(exc).__name__}
+            entry = {"raised": error_kind(exc)}
         entry["healthy"] = engine.updater.unhealthy is None
         trace.append(entry)
     return trace
@@ -255,7 +255,7 @@ def record_case(seed: int, specs: list, container: str) -> dict:
     try:
         audit = AddressAudit(arg)
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        return {"raised": type(exc).__name__}
+        return {"raised": error_kind(exc)}
     out = {"recorded": _record_view(audit.recorded, tensors)}
     ptrs = {rec.data_ptr for rec in audit.recorded.values() if rec.shape and 0 not in rec.shape}
     sizes = [t.untyped_storage().nbytes() for t in tensors.values()]

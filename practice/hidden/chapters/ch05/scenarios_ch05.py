@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import torch
 
-from engine_scenarios import dense_copy, tensor_digest as digest
+from engine_scenarios import dense_copy, tensor_digest as digest, error_kind
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
           "int64": torch.int64, "uint8": torch.uint8, "float64": torch.float64, "bool": torch.bool,
@@ -97,7 +97,7 @@ def pack_case(seed: int, specs: list, out_mode: str, extra: int = 0, device: str
         packed = bucket.pack(pairs, out=out,
                              **({"device": device} if device is not None else {}))
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        return {"raised": type(exc).__name__, "inputs_unchanged": [digest(t) for _, t in pairs] == sent,
+        return {"raised": error_kind(exc), "inputs_unchanged": [digest(t) for _, t in pairs] == sent,
                 "out_unchanged": out is None or digest(out) == out_before}
     flat, metadata = packed["flattened_tensor"], packed["metadata"]
     row = {"keys": sorted(packed), "metadata": _meta_rows(metadata),
@@ -165,7 +165,7 @@ def validate_case(seed: int, specs: list, corruption: str, k: int, layout: str =
         returned = validate(arg, metadata)
         row = {"returned": repr(returned)}
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        row = {"raised": type(exc).__name__}
+        row = {"raised": error_kind(exc)}
     row.update(flat_unchanged=digest(flat) == before_flat, metadata_unchanged=repr(metadata) == before_meta,
                entries=len(meta))
     return row
@@ -276,7 +276,7 @@ def sender_trace(seed: int, bucket_bytes: int, num_buffers: int, ops: list) -> l
             entry["raised"] = "StopIteration"
             stream = None
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry["raised"] = type(exc).__name__
+            entry["raised"] = error_kind(exc)
         buffers = []
         for s, b in enumerate(sender._buffers):
             if b is not None:
@@ -366,7 +366,7 @@ def receive_trace(seed: int, ops: list) -> list:
             for buf in sends:
                 dist.broadcast_async(group, buf).wait()
         except Exception as exc:  # noqa: BLE001 - reported in the trace
-            errors.append(type(exc).__name__)
+            errors.append(error_kind(exc))
 
     thread = threading.Thread(target=rank0, daemon=True)
     group = None
@@ -399,7 +399,7 @@ def receive_trace(seed: int, ops: list) -> list:
                                     [list(t.shape) for _, t in pairs])
                 entry["returned"] = repr(dist.receive_bucket(None, *args, "cpu"))
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry["raised"] = type(exc).__name__
+            entry["raised"] = error_kind(exc)
         entry["earlier_intact"] = [[digest(v) for _, v in views] == want for views, want, _ in earlier]
         trace.append(entry)
     if sends:

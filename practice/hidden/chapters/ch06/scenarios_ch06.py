@@ -25,6 +25,7 @@ import torch
 
 from course_lib.testing import random_partition
 from course_lib.weights import reshard as R
+from engine_scenarios import error_kind
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
           "float64": torch.float64, "int32": torch.int32}
@@ -150,7 +151,7 @@ def plan_tensor(name: str, shape: list, dtype: str, source: dict, dest: dict, sh
     try:
         tp = R.plan_tensor(name, given, DTYPES[dtype], src, dst)
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        return {"raised": type(exc).__name__, "message_starts_with_the_name": str(exc).startswith(name)}
+        return {"raised": error_kind(exc), "message_starts_with_the_name": str(exc).startswith(name)}
     return {"returned": {
         "type": type(tp).__name__, "name": tp.name, "shape": list(tp.shape),
         # a tuple of ints, as the docstring says (torch.Size is one too)
@@ -225,7 +226,7 @@ def plan_check(tensors: list, corrupt: list | None = None) -> dict:
     try:
         out = {"returned": repr(plan.check())}
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        out = {"raised": type(exc).__name__, "message_starts_with": _names_in(str(exc), plan.tensors)}
+        out = {"raised": error_kind(exc), "message_starts_with": _names_in(str(exc), plan.tensors)}
     out["plan_unchanged"] = (list(plan.tensors) == order and all(
         len(t.pieces) == len(before[n]) and all(a is b for a, b in zip(t.pieces, before[n]))
         for n, t in plan.tensors.items()))
@@ -329,7 +330,7 @@ def receive_shards(tensors: list, seed: int, group_order: list, inflight_bytes: 
             shards = R.receive_shards(plan, e, group, device="cpu", trainer_group_ranks=list(t_ranks),
                                       engine_group_ranks=list(e_ranks), **kw)
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry["raised"] = type(exc).__name__
+            entry["raised"] = error_kind(exc)
             shards = None
         if shards is not None:
             got = {}

@@ -25,6 +25,7 @@ import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from engine_scenarios import error_kind
 
 # ---- ch07.error_status ---------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ def route_rules(api_key, allow_weight_update: bool, path: str, headers: list) ->
     try:
         got = guard.route_rules(path, given)
     except BaseException as exc:  # noqa: BLE001 - observed
-        return {"raised": type(exc).__name__}
+        return {"raised": error_kind(exc)}
     finally:
         hmac.compare_digest, secrets.compare_digest = real_h, real_s
     obs = {"headers_unchanged": given == copy and all(type(v) is bytes for v in given.values()),
@@ -332,7 +333,7 @@ def _served(script: dict, aborted: int = 0, disk_bytes: int = 0):
 
 
 def _error_of(exc: BaseException) -> dict:
-    out = {"raised": type(exc).__name__}
+    out = {"raised": error_kind(exc)}
     for k in ("status", "code", "retryable"):
         if hasattr(exc, k):
             out[k] = getattr(exc, k)

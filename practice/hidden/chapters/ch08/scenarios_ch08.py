@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from engine_scenarios import tensor_digest
+from engine_scenarios import tensor_digest, error_kind
 
 
 def _float(x: float):
@@ -34,7 +34,7 @@ def weights(spans, current, logp_now, logp_by_version, clip, dtype) -> dict:
                              "shares_storage_with_logp_now": torch.is_tensor(out) and out.numel() > 0
                              and out.untyped_storage().data_ptr() == now.untyped_storage().data_ptr()}}
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        seen = {"raised": type(exc).__name__}
+        seen = {"raised": error_kind(exc)}
     seen["inputs_unchanged"] = (torch.equal(now, before[0]) or bool(torch.isnan(now).any()))  \
         and all(torch.equal(held[v], t) or bool(torch.isnan(t).any()) for v, t in before[1].items()) \
         and spans == before[2]
@@ -127,7 +127,7 @@ def _instrument(engine, clocks, log):
             try:
                 result = original(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - logged, then raised on to the sync
-                entry.append({"raised": type(exc).__name__})
+                entry.append({"raised": error_kind(exc)})
                 raise
             finally:
                 clocks.offset += CLOCK_STEP_S[method]
@@ -206,7 +206,7 @@ def sync_step(transport: str, pause_mode, version, seed: int, fault=None, in_fli
     try:
         out = sync.sync(named, label, pause_mode)
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        seen = {"raised": type(exc).__name__}
+        seen = {"raised": error_kind(exc)}
     else:
         seen = {"returned": _returned(out)}
     finally:

@@ -43,6 +43,23 @@ TIMED = ("wait_s", "resume_ms", "e2e_latency", "timings_ms", "memory")
 NOT_COMPARED = TIMED + ("writer", "writers_declined")
 
 
+# The errors the contracts name: the builtins and the engine's own error classes. A class
+# no contract names (the dtype parser's DtypeError, a learner's own subclass) is reported as
+# the nearest named class above it: a DtypeError is the ValueError a contract asks for.
+CONTRACT_ERRORS = {"ApiError", "EngineError", "ConfigError", "WorkerError", "EnginePausedError", "EngineBusyError",
+                   "SettingsError", "SparsePayloadError", "DeltaError", "BaseMismatchError", "UnsafePickleError",
+                   "WaitingForWeightsError", "RemoteSeedError", "RegistrationError", "BucketError", "UpdateError",
+                   "AddressMovedError", "ReshardError", "CheckpointError"}
+
+
+def error_kind(exc: BaseException) -> str:
+    """The name of ``exc``'s class as the contracts speak of it (CONTRACT_ERRORS above)."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "builtins" or cls.__name__ in CONTRACT_ERRORS:
+            return cls.__name__
+    return type(exc).__name__
+
+
 def _scrub(value):
     """JSON-able, without clocks and timings."""
     if isinstance(value, dict):
@@ -223,7 +240,7 @@ def replay(paths: list, ops: list, engine_kwargs: dict) -> list:
                 outputs, ret = ret, len(ret)
             entry = {"returned": _scrub(ret)}
         except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-            entry = {"raised": type(exc).__name__}
+            entry = {"raised": error_kind(exc)}
         entry["state"] = observe(engine, outputs, names)
         trace.append(entry)
         if entry["state"]["unhealthy"]:
@@ -245,6 +262,6 @@ def call(function: str, args: list, kwargs: dict | None = None) -> dict:
     try:
         out = {"returned": _scrub(f(*args, **kwargs))}
     except Exception as exc:  # noqa: BLE001 - which error, compared with the reference's
-        out = {"raised": type(exc).__name__}
+        out = {"raised": error_kind(exc)}
     out["arguments_after"] = _scrub([args, kwargs])
     return out
