@@ -83,10 +83,10 @@ class CopyPlan:
 
         Promises: every view afterwards holds its tensor's values, converted to the view's
         dtype, in the same memory (no view, parameter or storage is ever replaced). No
-        tensor is staged on the way (no extra copy of it is made), and on a GPU the copies
-        may still be running when it returns: the caller synchronizes once, after the
-        whole update. It runs on every update, so its speed matters: the chapter's speed
-        part times it on a GPU beside the reference's and a plain device copy.
+        tensor is staged on the way (no copy of it, converted or not, is allocated), and on
+        a GPU the copies may still be running when it returns: the caller synchronizes
+        once, after the whole update. It runs on every update, so its speed matters: the
+        chapter's speed part times it on a GPU beside the reference's and a plain device copy.
 
         Errors, raised before anything is written (a refused update changes nothing):
         a name with no entry in ``views``: KeyError naming it; a tensor whose shape is
