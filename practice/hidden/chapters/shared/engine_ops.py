@@ -69,7 +69,7 @@ def same_as_reference(reference, paths, ops, kwargs, explain: str = "") -> None:
     paths = [None if p is None else str(p) for p in paths]
     mine = twin.run_here("engine_scenarios:replay", paths=paths, ops=ops, engine_kwargs=kwargs)
     theirs = reference.run("engine_scenarios:replay", paths=paths, ops=ops, engine_kwargs=kwargs)
-    twin.compare_traces(ops, mine, theirs, explain)
+    twin.compare_traces(ops, mine, theirs, explain, engine_kwargs=kwargs)
 
 
 def same_call_as_reference(reference, function, args, kwargs=None, explain: str = "") -> None:

@@ -163,10 +163,11 @@ def first_difference(mine, theirs, path: str = "", rel_tol: float = 0.0, abs_tol
     return None if same else (path or "(the result)", mine, theirs)
 
 
-def compare_traces(ops: list, mine: list, theirs: list, explain: str = "") -> None:
+def compare_traces(ops: list, mine: list, theirs: list, explain: str = "", engine_kwargs: dict | None = None) -> None:
     """Assert two traces (one observation per operation) are equal; on the first difference,
-    the message shows the operations up to it, what the learner's engine showed and what
-    the reference showed there."""
+    the message shows the operations up to it (and the engine's settings, when given: what a
+    learner needs to replay them), what the learner's engine showed and what the reference
+    showed there."""
     for i, (a, b) in enumerate(zip(mine, theirs)):
         found = first_difference(a, b)
         if found:
@@ -177,10 +178,16 @@ def compare_traces(ops: list, mine: list, theirs: list, explain: str = "") -> No
             raise AssertionError(
                 f"your engine and the reference differ after {after}, at {where}:\n"
                 f"  yours:    {_short(got)}\n  expected: {_short(want)}\n"
-                f"the operations (replay them on a fresh engine to see it):\n{steps}"
+                f"the operations (replay them on a fresh engine{_made_with(engine_kwargs)} to see it):\n{steps}"
                 + (f"\n{explain}" if explain else ""))
     if len(mine) != len(theirs):
         raise AssertionError(f"your engine made {len(mine)} observations, the reference {len(theirs)}, over {ops}")
+
+
+def _made_with(engine_kwargs: dict | None) -> str:
+    if not engine_kwargs:
+        return ""
+    return " made with " + ", ".join(f"{k}={v!r}" for k, v in sorted(engine_kwargs.items()))
 
 
 def compare_results(call, mine, theirs, explain: str = "", rel_tol: float = 0.0, abs_tol: float = 0.0) -> None:
