@@ -287,22 +287,20 @@ def candidate():
 @pytest.fixture(scope="session")
 def reference_root() -> str:
     """The reference edition's root, for cases that read its code (a test-writing part's
-    reference component: hidden/chapters/shared/suites.py); a run without one fails them."""
+    reference component: hidden/chapters/shared/suites.py, or the reference engine); a run
+    without one fails them."""
     if not _REFERENCE_ROOT:
-        pytest.fail("this case needs the reference edition ($COURSE_REFERENCE_ROOT): grade it with "
-                    "practice/judge.py from the instructor edition", pytrace=False)
+        pytest.fail("this case compares your part with the reference, and no reference edition was given "
+                    "($COURSE_REFERENCE_ROOT): grade it with practice/judge.py from the instructor edition",
+                    pytrace=False)
     return _REFERENCE_ROOT
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(reference_root):
     """The reference engine in a child process (twin.Reference), for cases that compare the
     learner's engine with it; a run without a reference edition fails such cases."""
-    if not _REFERENCE_ROOT:
-        pytest.fail("this case compares your engine with the reference, and no reference edition was given "
-                    "($COURSE_REFERENCE_ROOT): grade it with practice/judge.py from the instructor edition",
-                    pytrace=False)
     import twin
-    ref = twin.Reference(_REFERENCE_ROOT)
+    ref = twin.Reference(reference_root)
     yield ref
     ref.close()

@@ -59,15 +59,12 @@ def as_function(function, body: str):
 
 def run_tests(tests, *component) -> str | None:
     """Run the learner's ``tests(*component)``: None when they pass (return quietly), else
-    what they raised, in words. A stub (the part not written yet) raises NotImplementedError,
-    reported as such: it never counts as catching a variant."""
-    try:
-        tests(*component)
-    except NotImplementedError as exc:
-        if "write this part" in str(exc):
-            raise  # the stub's own message: the case fails with it, as every unwritten part's does
-        return f"NotImplementedError: {exc}"
-    except Exception as exc:  # noqa: BLE001 - any failure of the learner's tests is a verdict on the component
-        text = f"{type(exc).__name__}: {exc}".strip()
-        return text if len(text) < 300 else text[:297] + "..."
-    return None
+    what they raised, in words (``course_lib.testing.verdict``: a stub, the part not written
+    yet, is raised again and never counts as catching a variant)."""
+    from course_lib.testing import verdict
+
+    exc = verdict(tests, *component)
+    if exc is None:
+        return None
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) < 300 else text[:297] + "..."
