@@ -63,6 +63,7 @@ class _Counting(TorchDispatchMode):
     def __init__(self, costs: Costs):
         super().__init__()
         self.costs = costs
+        self.new: list[tuple[str, int]] = []  # (operation, bytes) per allocation, in order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -79,8 +80,18 @@ class _Counting(TorchDispatchMode):
             if t.numel() and t.device.type != "meta" and t.untyped_storage().data_ptr() not in before:
                 c.allocations += 1
                 c.allocated_bytes += t.untyped_storage().nbytes()
+                self.new.append((str(func), t.untyped_storage().nbytes()))
                 before.add(t.untyped_storage().data_ptr())  # a tuple of views of one new storage: once
         return out
+
+
+class AllocationWatch(_Counting):
+    """``with AllocationWatch() as watch: ...``: every tensor an operation returns in memory
+    that none of its inputs used, as (operation, bytes) in ``watch.new`` (views and in-place
+    writes allocate nothing); what a step allocates while it runs."""
+
+    def __init__(self):
+        super().__init__(Costs())
 
 
 def count_costs(fn, *args, **kwargs) -> tuple[Costs, object]:

@@ -12,34 +12,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-
-class AllocationWatch(TorchDispatchMode):
-    """Records every tensor an operation returns in memory that none of its inputs used:
-    what a step allocates while it runs (views and in-place writes allocate nothing)."""
-
-    def __init__(self):
-        super().__init__()
-        self.new: list[tuple[str, int]] = []  # (operation, bytes)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
-        for t in _tensors(out):
-            if t.untyped_storage().data_ptr() not in inputs:
-                self.new.append((str(func), t.untyped_storage().nbytes()))
-        return out
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+from course_lib.cost import AllocationWatch  # noqa: F401 - the chapter's tool, used here and by the learner
 
 
 def check_commit_step(plan_for: Callable[[dict], object]) -> None:
